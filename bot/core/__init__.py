@@ -1,0 +1,1 @@
+"""The platform-agnostic engine: messages, sessions, stores, agents, runner, models."""

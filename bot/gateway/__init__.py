@@ -1,0 +1,1 @@
+"""Between platforms and agents: events, session keys, inbox, delivery ledger, the loop."""
