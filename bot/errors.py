@@ -101,9 +101,7 @@ class PlatformError(ChatflowError):
         ambiguous: bool = False,
         code: int | str | None = None,
     ) -> None:
-        super().__init__(
-            message, retryable=retryable, retry_after=retry_after, ambiguous=ambiguous
-        )
+        super().__init__(message, retryable=retryable, retry_after=retry_after, ambiguous=ambiguous)
         self.platform = platform
         """Adapter name, e.g. ``"telegram"``."""
         self.code = code

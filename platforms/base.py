@@ -69,6 +69,11 @@ class PlatformAdapter(Protocol):
         """Show that the bot is working on ``event``; called every few seconds."""
         ...
 
+    def format_reply(self, text: str, agent_name: str) -> str:
+        """Present a reply before it is recorded and sent (the console shows ``[Agent]``);
+        most adapters return ``text`` unchanged."""
+        ...
+
     def routes(self) -> Sequence[BaseRoute]:
         """HTTP routes to mount on the bot's server (webhooks); may be empty."""
         ...

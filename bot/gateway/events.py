@@ -53,8 +53,11 @@ class MessageEvent:
     """Where it comes from."""
     text: str
     """The text (or caption) with the bot's own mention stripped."""
+    platform_message_id: str | None = None
+    """The platform's own id of this message (Telegram ``message_id``, WhatsApp wamid);
+    the answer quotes it."""
     reply_to_id: str | None = None
-    """Platform id of the message this one replies to; a send quotes it."""
+    """Platform id of the message this one replies to, if it is a reply."""
     replies_to_bot: bool = False
     """True when it replies to one of the bot's own messages."""
     mentions_bot: bool = False

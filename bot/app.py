@@ -1,0 +1,261 @@
+"""Assembly: settings -> store, agents, runner, adapters, gateway, HTTP server.
+
+The only module that knows every room of the house; ``bot.cli`` drives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from bot.config import Settings
+from bot.core.agent import Agent
+from bot.core.models.routing import ModelSettings, default_model_name
+from bot.core.runner import Runner
+from bot.core.sqlite_store import SQLiteSessionStore
+from bot.errors import ChatflowError, ConfigurationError
+from bot.gateway.gateway import Gateway
+from bot.gateway.keys import load_or_create_secret
+from bot.metrics import Metrics
+from bot.server import HttpServer, build_app
+from platforms.base import PlatformAdapter
+
+__all__ = [
+    "Bot",
+    "InstanceLock",
+    "build_adapters",
+    "load_starting_agent",
+    "open_store",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def load_starting_agent(module_name: str) -> Agent:
+    """Import ``module_name`` and return its ``starting_agent``."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"AGENTS_MODULE: cannot import {module_name!r} ({exc})", setting="AGENTS_MODULE"
+        ) from exc
+    agent = getattr(module, "starting_agent", None)
+    if not isinstance(agent, Agent):
+        raise ConfigurationError(
+            f"AGENTS_MODULE: {module_name!r} has no `starting_agent` Agent",
+            setting="AGENTS_MODULE",
+        )
+    return agent
+
+
+def open_store(settings: Settings) -> SQLiteSessionStore:
+    """The SQLite store at ``DATABASE_URL`` (its folder created if missing)."""
+    path = settings.database_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return SQLiteSessionStore(str(path), default_max_turns=settings.max_turns)
+
+
+def build_runner(settings: Settings, store: SQLiteSessionStore) -> Runner:
+    """The Runner over the operator's agents; fails early on a model that routes nowhere."""
+    starting = load_starting_agent(settings.agents_module)
+    return Runner(starting, store, model_settings=ModelSettings.from_settings(settings))
+
+
+def build_adapters(
+    settings: Settings,
+    *,
+    console: bool = False,
+    console_in: IO[str] | None = None,
+    console_out: IO[str] | None = None,
+) -> list[PlatformAdapter]:
+    """One adapter per configured platform, plus the console when asked for."""
+    adapters: list[PlatformAdapter] = []
+    if settings.telegram_bot_token is not None:
+        from platforms.telegram import TelegramAdapter
+
+        secret = settings.telegram_webhook_secret
+        adapters.append(
+            TelegramAdapter(
+                settings.telegram_bot_token.get_secret_value(),
+                base_url=settings.telegram_api_base_url,
+                webhook_url=settings.telegram_webhook_url,
+                webhook_secret=None if secret is None else secret.get_secret_value(),
+                allow_channels=settings.telegram_allow_channels,
+            )
+        )
+    if settings.whatsapp_phone_id:
+        from platforms.whatsapp import WhatsAppAdapter
+
+        assert settings.whatsapp_token is not None  # checked by Settings
+        assert settings.whatsapp_verify_token is not None
+        app_secret = settings.whatsapp_app_secret
+        adapters.append(
+            WhatsAppAdapter(
+                settings.whatsapp_phone_id,
+                settings.whatsapp_token.get_secret_value(),
+                verify_token=settings.whatsapp_verify_token.get_secret_value(),
+                app_secret=None if app_secret is None else app_secret.get_secret_value(),
+                api_base_url=settings.whatsapp_api_base_url,
+                insecure_dev=settings.whatsapp_insecure_dev,
+            )
+        )
+    if console:
+        from platforms.console import ConsoleAdapter
+
+        adapters.append(ConsoleAdapter(input_stream=console_in, output_stream=console_out))
+    return adapters
+
+
+class InstanceLock:
+    """An exclusive lock file in ``DATA_DIR``: one bot process per data directory.
+
+    ``flock`` is released by the kernel when the process dies, even by SIGKILL,
+    so a crash never leaves a stale lock behind.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "chatflow.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise ``ConfigurationError`` saying another bot runs."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise ConfigurationError(
+                f"DATA_DIR: another Chatflow process is already running on {self.path.parent} "
+                "(stop it first, or give this one its own DATA_DIR)",
+                setting="DATA_DIR",
+            ) from exc
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        """Give the lock up; idempotent."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the lock for the ``with`` block."""
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+
+@dataclass
+class Bot:
+    """A running bot: gateway, adapters and HTTP server over one store."""
+
+    settings: Settings
+    """What it was started with."""
+    console: bool = False
+    """Also talk through the terminal."""
+    serve_http: bool = True
+    """Run the HTTP server (webhooks, health, metrics)."""
+    console_in: IO[str] | None = None
+    """Console input (default stdin)."""
+    console_out: IO[str] | None = None
+    """Console output (default stdout)."""
+    metrics: Metrics = field(default_factory=Metrics)
+    """The process's metrics."""
+
+    async def run(self) -> None:
+        """Start everything, serve until SIGTERM/SIGINT (or console EOF), stop gracefully."""
+        settings = self.settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        secret = await asyncio.to_thread(load_or_create_secret, settings.data_dir)
+        store = open_store(settings)
+        try:
+            runner = build_runner(settings, store)
+            adapters = build_adapters(
+                settings,
+                console=self.console,
+                console_in=self.console_in,
+                console_out=self.console_out,
+            )
+            gateway = Gateway(
+                runner, store, adapters, settings, secret=secret, metrics=self.metrics
+            )
+            await self._serve(gateway, adapters)
+        finally:
+            await store.close()
+
+    async def _serve(self, gateway: Gateway, adapters: list[PlatformAdapter]) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        server: HttpServer | None = None
+        self._banner(adapters)
+        try:
+            await gateway.start()
+            if self.serve_http:
+                routes = [route for adapter in adapters for route in adapter.routes()]
+
+                async def health() -> dict[str, object]:
+                    return await self._health(gateway)
+
+                app = build_app(routes, health=health, metrics=self.metrics)
+                server = HttpServer(app, self.settings.http_host, self.settings.http_port)
+                await server.start()
+            waiters = [asyncio.create_task(stop.wait())]
+            for adapter in adapters:
+                closed = getattr(adapter, "closed", None)
+                if isinstance(closed, asyncio.Event):
+                    waiters.append(asyncio.create_task(closed.wait()))
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+            logger.info("shutting down")
+        finally:
+            await gateway.stop()
+            if server is not None:
+                await server.stop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    async def _health(self, gateway: Gateway) -> dict[str, object]:
+        database = "ok"
+        try:
+            async with gateway.store.transaction() as tx:
+                await tx.fetchall("SELECT 1")
+        except ChatflowError as exc:
+            database = f"error: {type(exc).__name__}"
+        platforms = {name: a.is_connected for name, a in gateway.adapters.items()}
+        ok = database == "ok" and gateway.ready and all(platforms.values())
+        return {"ok": ok, "ready": gateway.ready, "database": database, "platforms": platforms}
+
+    def _banner(self, adapters: list[PlatformAdapter]) -> None:
+        names = ", ".join(a.name for a in adapters) or "no platform"
+        model = default_model_name(ModelSettings.from_settings(self.settings))
+        where = (
+            f"http://{self.settings.http_host}:{self.settings.http_port}"
+            if self.serve_http
+            else "no HTTP server"
+        )
+        lines = [
+            f"Chatflow: {names}; model {model}; database {self.settings.database_path}",
+            f"Webhooks, /healthz and /metrics: {where}.",
+            "Connect Telegram with TELEGRAM_BOT_TOKEN, WhatsApp with WHATSAPP_PHONE_ID and "
+            "WHATSAPP_TOKEN, a real model with OPENAI_API_KEY or GEMINI_API_KEY (.env.example).",
+        ]
+        print("\n".join(lines), file=sys.stderr, flush=True)

@@ -1,0 +1,186 @@
+"""``python -m bot`` / ``chatflow``: run the bot, chat in the terminal, inspect sessions and the ledger."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+
+from bot.app import Bot, InstanceLock, load_starting_agent, open_store
+from bot.config import Settings, load_settings
+from bot.errors import ChatflowError, ConfigurationError
+from bot.gateway.ledger import DeliveryLedger
+from bot.logs import configure_logging
+
+__all__ = ["main"]
+
+Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]
+
+
+async def _run(settings: Settings, args: argparse.Namespace) -> int:
+    console = args.console
+    if console is None:
+        # Nothing configured and someone at the keyboard: talk through the terminal.
+        console = (
+            not settings.telegram_enabled and not settings.whatsapp_enabled and sys.stdin.isatty()
+        )
+    with InstanceLock(settings.data_dir).held():
+        await Bot(settings, console=console).run()
+    return 0
+
+
+async def _chat(settings: Settings, args: argparse.Namespace) -> int:
+    with InstanceLock(settings.data_dir).held():
+        await Bot(settings, console=True, serve_http=False).run()
+    return 0
+
+
+async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_store(settings)
+    try:
+        if args.action == "list":
+            for session_id in await store.list_sessions():
+                print(session_id)
+            return 0
+        if args.action == "show":
+            session = await store.get(args.session_id)
+            if session is None:
+                print(f"no session {args.session_id}", file=sys.stderr)
+                return 1
+            print(f"session {session.session_id}  agent: {session.active_agent.name}")
+            for message in session.history:
+                who = message.agent or message.role.value
+                if message.tool_calls:
+                    calls = ", ".join(f"{c.name}({json.dumps(c.arguments)})" for c in message.tool_calls)
+                    print(f"  [{message.role.value}:{who}] calls {calls}")
+                if message.content:
+                    print(f"  [{message.role.value}:{who}] {message.content}")
+            return 0
+        starting = load_starting_agent(settings.agents_module)
+        session = await store.get(args.session_id)
+        if session is None:
+            print(f"no session {args.session_id}", file=sys.stderr)
+            return 1
+        metadata = dict(session.metadata)
+        await store.delete(args.session_id)
+        if args.action == "reset":
+            fresh = await store.get_or_create(args.session_id, starting, metadata)
+            await store.save(fresh)
+            print(f"reset {args.session_id}")
+        else:
+            print(f"deleted {args.session_id}")
+        return 0
+    finally:
+        await store.close()
+
+
+async def _ledger(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_store(settings)
+    ledger = DeliveryLedger(store)
+    try:
+        await ledger.open()
+        if args.action == "status":
+            counts = await ledger.status()
+            print("  ".join(f"{state}: {n}" for state, n in sorted(counts.items())) or "empty")
+            for row in await ledger.list(state=args.state, limit=args.limit):
+                print(
+                    f"{row.obligation_id}  {row.state:<10} {row.platform:<9} "
+                    f"attempts={row.attempts}  {row.last_error or ''}"
+                )
+            return 0
+        if args.action == "retry":
+            done = await ledger.retry(args.obligation_id)
+        else:
+            done = await ledger.abandon(args.obligation_id, args.reason)
+        print(("ok: " if done else "not found or not eligible: ") + args.obligation_id)
+        return 0 if done else 1
+    finally:
+        await store.close()
+
+
+async def _doctor(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.doctor import run_checks
+
+    return await run_checks(settings)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chatflow",
+        description="Chatflow: LLM agents on Telegram and WhatsApp that never lose a reply.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="start the bot (platforms from .env, HTTP server, recovery)",
+        description="Start every configured platform, the HTTP server (webhooks, /healthz, "
+        "/metrics) and crash recovery. With no platform configured and a terminal attached, "
+        "talk to the bot right here.",
+    )
+    group = run.add_mutually_exclusive_group()
+    group.add_argument("--console", dest="console", action="store_true", default=None,
+                       help="also talk to the bot in this terminal")
+    group.add_argument("--no-console", dest="console", action="store_false",
+                       help="never read the terminal")
+    run.set_defaults(handler=_run)
+
+    chat = sub.add_parser(
+        "chat",
+        help="talk to the agents in the terminal (same database, same agents)",
+        description="Chat with your agents in the terminal. History is kept in the same "
+        "database as the bot; /reset starts over; Ctrl-D quits.",
+    )
+    chat.set_defaults(handler=_chat)
+
+    sessions = sub.add_parser("sessions", help="list, show, reset or delete conversations",
+                              description="Inspect and manage stored conversations.")
+    s_sub = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
+    s_sub.add_parser("list", help="list session ids")
+    for action, text in (("show", "print a conversation"), ("reset", "forget a conversation's "
+                         "history, keep its metadata"), ("delete", "delete a conversation")):
+        p = s_sub.add_parser(action, help=text)
+        p.add_argument("session_id", help="id from `sessions list`")
+    sessions.set_defaults(handler=_sessions)
+
+    ledger = sub.add_parser("ledger", help="see and steer replies owed to users",
+                            description="The delivery ledger: replies recorded, sent or owed.")
+    l_sub = ledger.add_subparsers(dest="action", required=True, metavar="ACTION")
+    status = l_sub.add_parser("status", help="counts by state and the latest rows")
+    status.add_argument("--state", choices=["pending", "attempting", "delivered", "failed",
+                                            "abandoned"], default=None)
+    status.add_argument("--limit", type=int, default=20)
+    retry = l_sub.add_parser("retry", help="send a failed or abandoned reply again")
+    retry.add_argument("obligation_id")
+    abandon = l_sub.add_parser("abandon", help="give up on a reply")
+    abandon.add_argument("obligation_id")
+    abandon.add_argument("--reason", default="abandoned by the operator")
+    ledger.set_defaults(handler=_ledger)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check settings, database, platforms and model endpoints",
+        description="One line per check; exits non-zero if any check fails.",
+    )
+    doctor.set_defaults(handler=_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m bot`` and the ``chatflow`` script."""
+    args = _parser().parse_args(argv)
+    handler: Command = args.handler
+    try:
+        settings = load_settings()
+        configure_logging(settings.log_level, settings.log_format)
+        return asyncio.run(handler(settings, args))
+    except ConfigurationError as exc:
+        print(f"chatflow: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ChatflowError as exc:
+        print(f"chatflow: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,176 @@
+"""Settings: read from the environment and ``.env``, validated once at start-up.
+
+A wrong value stops start-up with one line that names the setting
+(``load_settings`` turns pydantic's report into a ``ConfigurationError``).
+Secrets are ``SecretStr``: they print as ``**********``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from bot.errors import ConfigurationError
+
+__all__ = ["Settings", "load_settings"]
+
+logger = logging.getLogger(__name__)
+
+CommaList = Annotated[frozenset[str], NoDecode]
+"""A comma-separated environment value (``"1,2, 3"``) read as a set of strings."""
+
+
+class Settings(BaseSettings):
+    """Everything an operator can set. Names are the environment variable names."""
+
+    model_config = SettingsConfigDict(
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        case_sensitive=False,
+        frozen=True,
+    )
+
+    data_dir: Path = Path("./data")
+    """Runtime files: the SQLite database and the installation secret."""
+    database_url: str | None = None
+    """``sqlite:///path/to.db``; defaults to ``sqlite:///<DATA_DIR>/chatflow.db``."""
+
+    default_model: str | None = None
+    """Model for agents that name none; ``offline`` when no API key is set."""
+    openai_api_key: SecretStr | None = None
+    """Key for OpenAI or any OpenAI-compatible server."""
+    openai_base_url: str | None = None
+    """Base URL of an OpenAI-compatible server (vLLM, llama.cpp, a proxy)."""
+    gemini_api_key: SecretStr | None = None
+    """Key for Gemini's OpenAI-compatible endpoint."""
+    ollama_base_url: str = "http://localhost:11434/v1"
+    """Ollama's OpenAI-compatible endpoint, for ``ollama/<name>`` models."""
+    model_timeout_seconds: float = Field(default=60.0, gt=0)
+    """Total time one model call may take, retries included."""
+
+    telegram_bot_token: SecretStr | None = None
+    """Token from @BotFather; enables Telegram."""
+    telegram_api_base_url: str = "https://api.telegram.org/bot"
+    """Bot API server (PTB ``base_url``); the token is appended."""
+    telegram_webhook_url: str | None = None
+    """Public HTTPS URL of ``/webhooks/telegram``; unset means long polling."""
+    telegram_webhook_secret: SecretStr | None = None
+    """Secret Telegram echoes in ``X-Telegram-Bot-Api-Secret-Token``."""
+    telegram_allow_channels: bool = False
+    """Answer channel posts too."""
+
+    whatsapp_phone_id: str | None = None
+    """Phone number id of the WhatsApp Cloud number; enables WhatsApp."""
+    whatsapp_token: SecretStr | None = None
+    """Permanent (system user) access token."""
+    whatsapp_verify_token: SecretStr | None = None
+    """Token Meta sends in the webhook verification handshake."""
+    whatsapp_app_secret: SecretStr | None = None
+    """App secret used to check ``X-Hub-Signature-256``."""
+    whatsapp_api_base_url: str = "https://graph.facebook.com"
+    """Graph API server; the client adds ``/v<version>/<phone_id>/messages``."""
+    whatsapp_insecure_dev: bool = False
+    """Accept unsigned webhooks (local development only)."""
+
+    http_host: str = "127.0.0.1"
+    """Address of the webhook, health and metrics server."""
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    """Port of that server (0 picks a free one)."""
+
+    group_sessions_per_user: bool = True
+    """In groups (outside topics), one conversation per member instead of one per group."""
+    group_answer_all_chats: CommaList = frozenset()
+    """Raw chat ids of groups where the bot answers every message, not only mentions."""
+    allowed_users: CommaList = frozenset()
+    """If set, only these raw sender ids are answered."""
+    allowed_chats: CommaList = frozenset()
+    """If set, only these raw chat ids are answered."""
+
+    auto_continue_freshness_seconds: int = Field(default=3600, ge=0)
+    """At start-up, re-run unanswered messages younger than this; expire older ones."""
+    max_turns: int = Field(default=40, gt=0)
+    """Turns of history kept per conversation."""
+    max_concurrent_turns: int = Field(default=8, gt=0)
+    """Turns that may run at once across sessions."""
+    max_queued_messages: int = Field(default=1000, gt=0)
+    """Accepted messages waiting for a worker before the bot answers "busy"."""
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+    """How long a shutdown waits for turns in flight."""
+
+    agents_module: str = "agents"
+    """Importable module exposing ``starting_agent``."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Root log level."""
+    log_format: Literal["auto", "text", "json"] = "auto"
+    """``auto``: text on a terminal, JSON lines otherwise."""
+
+    @field_validator("group_answer_all_chats", "allowed_users", "allowed_chats", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return frozenset(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("sqlite:///"):
+            raise ValueError("only sqlite:///<path> is supported (PostgreSQL is not yet)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_pairs(self) -> Settings:
+        if self.whatsapp_phone_id and not self.whatsapp_token:
+            raise ValueError("WHATSAPP_TOKEN is required when WHATSAPP_PHONE_ID is set")
+        if self.whatsapp_phone_id and not self.whatsapp_verify_token:
+            raise ValueError("WHATSAPP_VERIFY_TOKEN is required when WHATSAPP_PHONE_ID is set")
+        if self.telegram_webhook_url and not self.telegram_webhook_secret:
+            raise ValueError("TELEGRAM_WEBHOOK_SECRET is required when TELEGRAM_WEBHOOK_URL is set")
+        return self
+
+    @property
+    def database_path(self) -> Path:
+        """Filesystem path of the SQLite database."""
+        if self.database_url:
+            return Path(self.database_url.removeprefix("sqlite:///"))
+        return self.data_dir / "chatflow.db"
+
+    @property
+    def telegram_enabled(self) -> bool:
+        """Whether a Telegram token is configured."""
+        return self.telegram_bot_token is not None
+
+    @property
+    def whatsapp_enabled(self) -> bool:
+        """Whether WhatsApp Cloud credentials are configured."""
+        return bool(self.whatsapp_phone_id)
+
+
+def _describe(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = [str(part) for part in err.get("loc", ()) if part != "__root__"]
+    message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if loc:
+        return f"{loc[0].upper()}: {message}"
+    return message
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read settings; raise ``ConfigurationError`` naming the first wrong one."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = err.get("loc", ())
+        setting = str(loc[0]).upper() if loc else None
+        raise ConfigurationError(_describe(exc), setting=setting) from exc

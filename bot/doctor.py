@@ -1,0 +1,145 @@
+"""``chatflow doctor``: check settings, database, agents, platforms and models, one line each."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+
+from bot.app import load_starting_agent, open_store
+from bot.config import Settings
+from bot.core.agent import Agent
+from bot.core.models.routing import ModelSettings, default_model_name, route_model
+from bot.errors import ChatflowError
+
+__all__ = ["CheckResult", "run_checks"]
+
+TIMEOUT = httpx.Timeout(10.0)
+OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check."""
+
+    name: str
+    """What was checked."""
+    ok: bool
+    """Whether it passed."""
+    detail: str
+    """One line for the operator."""
+
+
+def _reachable_agents(start: Agent) -> list[Agent]:
+    seen: dict[str, Agent] = {}
+    todo = [start]
+    while todo:
+        agent = todo.pop()
+        if agent.name not in seen:
+            seen[agent.name] = agent
+            todo.extend(agent.handoffs)
+    return list(seen.values())
+
+
+async def _check_database(settings: Settings) -> CheckResult:
+    store = open_store(settings)
+    try:
+        async with store.transaction() as tx:
+            rows = await tx.fetchall("PRAGMA quick_check")
+        verdict = str(rows[0][0]) if rows else "no answer"
+        return CheckResult("database", verdict == "ok", f"{settings.database_path}: {verdict}")
+    finally:
+        await store.close()
+
+
+async def _check_models(settings: Settings, client: httpx.AsyncClient) -> list[CheckResult]:
+    model_settings = ModelSettings.from_settings(settings)
+    starting = load_starting_agent(settings.agents_module)
+    agents = _reachable_agents(starting)
+    names = sorted({a.model or default_model_name(model_settings) for a in agents})
+    results = [CheckResult("agents", True, f"{len(agents)} agents from {settings.agents_module}")]
+    for name in names:
+        route = route_model(name, model_settings)
+        if route.provider == "offline":
+            results.append(CheckResult(f"model {name}", True, "offline demo model (no network)"))
+            continue
+        base = (route.base_url or OPENAI_DEFAULT_BASE).rstrip("/")
+        try:
+            response = await client.get(
+                f"{base}/models", headers={"Authorization": f"Bearer {route.api_key}"}
+            )
+        except httpx.HTTPError as exc:
+            results.append(CheckResult(f"model {name}", False, f"{base}: {type(exc).__name__}"))
+            continue
+        ok = response.status_code == 200
+        results.append(CheckResult(f"model {name}", ok, f"{base}: HTTP {response.status_code}"))
+    return results
+
+
+async def _check_telegram(settings: Settings, client: httpx.AsyncClient) -> CheckResult:
+    assert settings.telegram_bot_token is not None
+    token = settings.telegram_bot_token.get_secret_value()
+    try:
+        response = await client.post(f"{settings.telegram_api_base_url}{token}/getMe")
+    except httpx.HTTPError as exc:
+        return CheckResult("telegram", False, f"Bot API unreachable ({type(exc).__name__})")
+    if response.status_code != 200:
+        return CheckResult(
+            "telegram", False, f"getMe answered HTTP {response.status_code}: check TELEGRAM_BOT_TOKEN"
+        )
+    username = response.json().get("result", {}).get("username", "?")
+    mode = "webhook" if settings.telegram_webhook_url else "long polling"
+    return CheckResult("telegram", True, f"@{username}, {mode}")
+
+
+async def _check_whatsapp(settings: Settings, client: httpx.AsyncClient) -> CheckResult:
+    from platforms.whatsapp import DEFAULT_API_VERSION
+
+    if settings.whatsapp_app_secret is None and not settings.whatsapp_insecure_dev:
+        return CheckResult("whatsapp", False, "WHATSAPP_APP_SECRET is not set")
+    assert settings.whatsapp_token is not None
+    url = (
+        f"{settings.whatsapp_api_base_url.rstrip('/')}/v{DEFAULT_API_VERSION}/"
+        f"{settings.whatsapp_phone_id}"
+    )
+    headers = {"Authorization": f"Bearer {settings.whatsapp_token.get_secret_value()}"}
+    try:
+        response = await client.get(url, headers=headers)
+    except httpx.HTTPError as exc:
+        return CheckResult("whatsapp", False, f"Graph API unreachable ({type(exc).__name__})")
+    if response.status_code != 200:
+        return CheckResult(
+            "whatsapp",
+            False,
+            f"phone number lookup answered HTTP {response.status_code}: "
+            "check WHATSAPP_PHONE_ID and WHATSAPP_TOKEN",
+        )
+    return CheckResult("whatsapp", True, "phone number found")
+
+
+async def _guard(name: str, check: Callable[[], Awaitable[CheckResult]]) -> CheckResult:
+    try:
+        return await check()
+    except ChatflowError as exc:
+        return CheckResult(name, False, str(exc))
+
+
+async def run_checks(settings: Settings) -> int:
+    """Run every check, print one line each, return the process exit code."""
+    results = [CheckResult("settings", True, "loaded")]
+    results.append(await _guard("database", lambda: _check_database(settings)))
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        try:
+            results.extend(await _check_models(settings, client))
+        except ChatflowError as exc:
+            results.append(CheckResult("agents", False, str(exc)))
+        if settings.telegram_enabled:
+            results.append(await _guard("telegram", lambda: _check_telegram(settings, client)))
+        if settings.whatsapp_enabled:
+            results.append(await _guard("whatsapp", lambda: _check_whatsapp(settings, client)))
+    for result in results:
+        mark = "ok  " if result.ok else "FAIL"
+        print(f"{mark} {result.name}: {result.detail}", file=sys.stdout)
+    return 0 if all(r.ok for r in results) else 1

@@ -1,0 +1,139 @@
+"""Per-session FIFO work queues: sessions run in parallel, one session's turns in order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from bot.errors import ChatflowError
+
+__all__ = ["DispatcherBusyError", "SessionDispatcher"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class DispatcherBusyError(ChatflowError):
+    """Too many messages are waiting; the platform should redeliver later."""
+
+    retryable = True
+
+
+@dataclass
+class _Lane(Generic[T]):
+    items: deque[tuple[str, T]] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+class SessionDispatcher(Generic[T]):
+    """Runs ``handler(item)`` for submitted items, FIFO per session, sessions in parallel.
+
+    At most ``max_concurrent`` handlers run at once and at most ``max_queued``
+    items wait; past that ``submit`` raises ``DispatcherBusyError`` so the caller
+    can push back on the platform instead of dropping a message. Submitting a key
+    that is already queued or running is a no-op, so recovery and live traffic can
+    both offer the same inbound message safely.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[T], Awaitable[None]],
+        *,
+        max_concurrent: int,
+        max_queued: int,
+    ) -> None:
+        if max_concurrent <= 0 or max_queued <= 0:
+            raise ValueError("max_concurrent and max_queued must be positive")
+        self._handler = handler
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._max_queued = max_queued
+        self._lanes: dict[str, _Lane[T]] = {}
+        self._keys: set[str] = set()
+        self._queued = 0
+        self._paused = True
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def queued(self) -> int:
+        """Items waiting for a worker (not counting the ones running)."""
+        return self._queued
+
+    @property
+    def in_flight(self) -> int:
+        """Items submitted and not finished."""
+        return len(self._keys)
+
+    def has_room(self) -> bool:
+        """Whether ``submit`` would accept one more item."""
+        return self._queued < self._max_queued
+
+    def submit(self, session_id: str, key: str, item: T) -> bool:
+        """Queue ``item`` behind earlier items of ``session_id``; False if ``key`` is known."""
+        if key in self._keys:
+            return False
+        if not self.has_room():
+            raise DispatcherBusyError("too many messages waiting", retry_after=5.0)
+        self._keys.add(key)
+        self._queued += 1
+        self._idle.clear()
+        lane = self._lanes.setdefault(session_id, _Lane())
+        lane.items.append((key, item))
+        if not self._paused:
+            self._wake(session_id, lane)
+        return True
+
+    def resume(self) -> None:
+        """Start running queued items (the gateway holds them until recovery is done)."""
+        self._paused = False
+        for session_id, lane in list(self._lanes.items()):
+            self._wake(session_id, lane)
+
+    def _wake(self, session_id: str, lane: _Lane[T]) -> None:
+        if lane.task is None:
+            lane.task = asyncio.create_task(self._run_lane(session_id, lane))
+
+    async def _run_lane(self, session_id: str, lane: _Lane[T]) -> None:
+        try:
+            while lane.items:
+                key, item = lane.items[0]
+                async with self._slots:
+                    lane.items.popleft()
+                    self._queued -= 1
+                    try:
+                        await self._handler(item)
+                    except Exception:
+                        # The handler owns error reporting; a lane must outlive one bad item.
+                        logger.exception("unhandled error in a turn of session %s", session_id)
+                    finally:
+                        self._keys.discard(key)
+        finally:
+            lane.task = None
+            if not lane.items:
+                self._lanes.pop(session_id, None)
+            if not self._keys:
+                self._idle.set()
+
+    async def drain(self, within: float) -> bool:
+        """Wait until nothing is queued or running; False if ``within`` seconds passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), within)
+        except TimeoutError:
+            return False
+        return True
+
+    async def cancel(self) -> None:
+        """Cancel every running lane; queued items stay in the inbox for recovery."""
+        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._lanes.clear()
+        self._keys.clear()
+        self._queued = 0
+        self._idle.set()

@@ -1,0 +1,439 @@
+"""The gateway loop: adapters -> inbox -> runner -> ledger -> adapters.
+
+Durability points (see docs/ARCHITECTURE.md):
+- tx 1, ``Inbox.accept``: dedup claim + journal row. The adapter confirms the
+  update to its platform only after it commits.
+- tx 2, the turn commit: new messages, pruned rows, session row, inbox row
+  ``done`` and the ledger obligation ``pending`` in one SQLite transaction.
+- then the send, bracketed by ``mark_attempting`` / ``mark_delivered``.
+At start-up the ledger sweep resends what a dead process owed, and the inbox
+re-runs turns that never committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from bot.config import Settings
+from bot.core.memory import Transaction
+from bot.core.runner import Runner, RunResult
+from bot.core.sqlite_store import SQLiteSessionStore
+from bot.errors import ChatflowError, PlatformError
+from bot.gateway.aliases import ChatAliases
+from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
+from bot.gateway.events import MessageEvent
+from bot.gateway.inbox import Inbox, InboxEntry
+from bot.gateway.keys import build_session_key, session_id_for
+from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
+from bot.metrics import Metrics
+from platforms.base import PlatformAdapter
+
+__all__ = ["Gateway", "Replies"]
+
+logger = logging.getLogger(__name__)
+
+TYPING_INTERVAL = 4.0
+"""Seconds between typing indications (Telegram's indicator fades after ~5 s)."""
+RETRY_POLL_SECONDS = 5.0
+"""How often failed sends are checked for a due retry."""
+MAX_INBOUND_CHARS = 16_000
+"""Longer inbound texts are refused with a short answer instead of reaching the model."""
+
+
+@dataclass(frozen=True)
+class Replies:
+    """The fixed texts the gateway answers with when no turn runs."""
+
+    apology: str = (
+        "Sorry, something went wrong on my side and I could not answer that. "
+        "Please try again in a moment."
+    )
+    """Sent when a turn fails after its retries; the conversation is left as it was."""
+    media_only: str = "Sorry, I can only read text messages for now. Could you type it out?"
+    """Sent for a photo, voice note, sticker... without a caption."""
+    too_long: str = "That message is too long for me. Could you shorten it or split it up?"
+    """Sent for a text over ``MAX_INBOUND_CHARS``."""
+    reset: str = "Done: I have forgotten this conversation. What can I do for you?"
+    """Answer to ``/reset``."""
+    help: str = "Just write to me. /reset starts our conversation over, /help shows this message."
+    """Answer to ``/help``."""
+    greeting: str = "Hello! I'm {agent}. How can I help?"
+    """Answer to ``/start``; ``{agent}`` is the starting agent's name."""
+
+
+class Gateway:
+    """Joins platform adapters, the inbox, the Runner and the delivery ledger."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        store: SQLiteSessionStore,
+        adapters: Sequence[PlatformAdapter],
+        settings: Settings,
+        *,
+        secret: bytes,
+        metrics: Metrics | None = None,
+        replies: Replies | None = None,
+    ) -> None:
+        names = [a.name for a in adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two adapters share a name: {names}")
+        self.runner = runner
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.replies = replies or Replies()
+        self.inbox = Inbox(store)
+        self.ledger = DeliveryLedger(store)
+        self.aliases = ChatAliases(store)
+        self._adapters = {a.name: a for a in adapters}
+        self._secret = secret
+        self._dispatcher: SessionDispatcher[InboxEntry] = SessionDispatcher(
+            self._process,
+            max_concurrent=settings.max_concurrent_turns,
+            max_queued=settings.max_queued_messages,
+        )
+        self._early: list[InboxEntry] = []
+        self._ready = False
+        self._accepting = False
+        self._stopping = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
+        self._retry_task: asyncio.Task[None] | None = None
+
+    @property
+    def adapters(self) -> dict[str, PlatformAdapter]:
+        """Adapters by platform name."""
+        return dict(self._adapters)
+
+    @property
+    def ready(self) -> bool:
+        """True once recovery is done and new traffic is being processed."""
+        return self._ready
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the tables, start adapters, resend and re-run what a crash left, then serve."""
+        await self.inbox.open()
+        await self.ledger.open()
+        await self.aliases.open()
+        self._accepting = True
+        for adapter in self._adapters.values():
+            hook = getattr(adapter, "on_status_failed", None)
+            if hook is None and hasattr(adapter, "on_status_failed"):
+                adapter.on_status_failed = self._on_status_failed  # type: ignore[attr-defined]
+            try:
+                await adapter.start(self._on_event)
+            except ChatflowError:
+                raise
+            except Exception:
+                logger.exception("%s adapter failed to start; its replies wait", adapter.name)
+        connected = {name for name, a in self._adapters.items() if a.is_connected}
+        owed = await self.ledger.sweep_recoverable(deliverable_platforms=connected)
+        if owed:
+            logger.info("resending %d replies owed from before the restart", len(owed))
+        for obligation in owed:
+            await self._send(obligation, claimed=True)
+        early = {entry.event.message_id for entry in self._early}
+        recovered = [
+            entry
+            for entry in await self.inbox.recover(self.settings.auto_continue_freshness_seconds)
+            if entry.event.message_id not in early  # accepted by this process moments ago
+        ]
+        if recovered:
+            logger.info("re-running %d messages accepted before the restart", len(recovered))
+        for entry in recovered:
+            self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
+        for entry in self._early:
+            self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
+        self._early.clear()
+        self._ready = True
+        self._dispatcher.resume()
+        self._retry_task = asyncio.create_task(self._retry_loop())
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting; let turns in flight finish within ``grace`` s; recovery does the rest."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        # Refuse new events first (platforms keep them), but keep adapters connected
+        # until the turns in flight have sent their replies.
+        self._accepting = False
+        wait = self.settings.shutdown_grace_seconds if grace is None else grace
+        if not await self._dispatcher.drain(wait):
+            logger.warning(
+                "%d turns still running after %.0f s; they will be re-run at the next start",
+                self._dispatcher.in_flight,
+                wait,
+            )
+        await self._dispatcher.cancel()
+        for adapter in self._adapters.values():
+            with contextlib.suppress(Exception):
+                await adapter.stop()
+        if self._retry_task is not None:
+            self._retry_task.cancel()
+            await asyncio.gather(self._retry_task, return_exceptions=True)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    # -- inbound -----------------------------------------------------------
+
+    def _allowed(self, event: MessageEvent) -> bool:
+        s = self.settings
+        if not s.allowed_users and not s.allowed_chats:
+            return True
+        return event.source.sender_id in s.allowed_users or event.source.chat_id in s.allowed_chats
+
+    def _addressed(self, event: MessageEvent) -> bool:
+        if event.source.chat_type == "dm":
+            return True
+        return event.addressed or event.source.chat_id in self.settings.group_answer_all_chats
+
+    def session_key_for(self, event: MessageEvent) -> str:
+        """The logical session key of an event (hashed ids, aliases applied)."""
+        source = event.source
+        chat_id = self.aliases.resolve(source.platform, source.chat_id)
+        if chat_id != source.chat_id:
+            source = replace(source, chat_id=chat_id)
+        return build_session_key(
+            source,
+            group_sessions_per_user=self.settings.group_sessions_per_user,
+            secret=self._secret,
+        )
+
+    async def _on_event(self, event: MessageEvent) -> bool:
+        """Adapter entry point: returns once the event is durably accepted or judged not ours."""
+        platform = event.platform
+        if not self._accepting:
+            raise DispatcherBusyError("the bot is shutting down", retry_after=5.0)
+        if event.migrate_from_chat_id is not None:
+            await self.aliases.record(platform, event.source.chat_id, event.migrate_from_chat_id)
+            return False
+        if not self._allowed(event) or not self._addressed(event):
+            self.metrics.ignored.labels(platform).inc()
+            return False
+        if not event.text.strip() and event.media_kind is None and event.command is None:
+            self.metrics.ignored.labels(platform).inc()
+            return False
+        if self._ready and not self._dispatcher.has_room():
+            # Refuse before accepting: the platform keeps the message and offers it again.
+            self.metrics.busy.labels(platform).inc()
+            raise DispatcherBusyError("too many messages waiting", retry_after=5.0)
+        session_key = self.session_key_for(event)
+        session_id = session_id_for(session_key)
+        if not await self.inbox.accept(event, session_key=session_key, session_id=session_id):
+            self.metrics.dedup_hits.labels(platform).inc()
+            logger.info("duplicate %s message dropped (session %s)", platform, session_id)
+            return False
+        self.metrics.messages_in.labels(platform).inc()
+        entry = InboxEntry(
+            event=event,
+            session_key=session_key,
+            session_id=session_id,
+            received_at=event.timestamp,
+            attempts=0,
+        )
+        if self._ready:
+            self._dispatcher.submit(session_id, event.message_id, entry)
+        else:
+            self._early.append(entry)
+        self.metrics.queued.set(self._dispatcher.queued)
+        return True
+
+    async def _on_status_failed(self, platform_message_id: str, error: str) -> None:
+        obligation_id = await self.ledger.find_by_sent_id(platform_message_id)
+        logger.warning(
+            "platform reported a delivered reply as failed (obligation %s): %s",
+            obligation_id or "unknown",
+            error,
+        )
+
+    # -- one turn ----------------------------------------------------------
+
+    async def _process(self, entry: InboxEntry) -> None:
+        event = entry.event
+        command = event.command
+        if command in ("start", "help", "reset"):
+            if command == "reset":
+                await self.store.delete(entry.session_id)
+            text = {
+                "start": self.replies.greeting.format(agent=self.runner.starting_agent.name),
+                "help": self.replies.help,
+                "reset": self.replies.reset,
+            }[command]
+            await self._answer_without_turn(entry, text)
+            return
+        if not event.text.strip():
+            await self._answer_without_turn(entry, self.replies.media_only)
+            return
+        if len(event.text) > MAX_INBOUND_CHARS:
+            await self._answer_without_turn(entry, self.replies.too_long, error="message too long")
+            return
+        await self._run_turn(entry)
+
+    async def _run_turn(self, entry: InboxEntry) -> None:
+        event = entry.event
+        adapter = self._adapters.get(event.platform)
+        obligation: list[Obligation] = []
+
+        async def commit(result: RunResult, tx: Transaction) -> None:
+            content = result.content
+            if adapter is not None:
+                content = adapter.format_reply(content, result.agent)
+            obligation.append(await self._record(tx, entry, content))
+            await self.inbox.mark_done_in(tx, event.message_id)
+
+        metadata = {
+            "platform": event.platform,
+            "chat_type": event.source.chat_type,
+            "session_key": entry.session_key,
+            "inbound_message_id": event.message_id,
+        }
+        typing = asyncio.create_task(self._keep_typing(event))
+        started = asyncio.get_running_loop().time()
+        try:
+            await self.runner.run_async(entry.session_id, event.text, metadata, on_commit=commit)
+        except ChatflowError as exc:
+            self.metrics.turns.labels("failed").inc()
+            logger.warning(
+                "turn failed in session %s (%s); sending an apology",
+                entry.session_id,
+                type(exc).__name__,
+            )
+            await self._answer_without_turn(entry, self.replies.apology, error=type(exc).__name__)
+            return
+        finally:
+            typing.cancel()
+            await asyncio.gather(typing, return_exceptions=True)
+            self.metrics.model_latency.observe(asyncio.get_running_loop().time() - started)
+        self.metrics.turns.labels("ok").inc()
+        for item in obligation:
+            await self._send(item, claimed=False)
+
+    async def _answer_without_turn(
+        self, entry: InboxEntry, text: str, *, error: str | None = None
+    ) -> None:
+        """Record a fixed answer and close the inbox row in one transaction, then send it."""
+        adapter = self._adapters.get(entry.event.platform)
+        if adapter is not None:
+            text = adapter.format_reply(text, self.runner.starting_agent.name)
+        try:
+            async with self.store.transaction() as tx:
+                obligation = await self._record(tx, entry, text)
+                await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
+        except ChatflowError:
+            # The inbox row stays 'received': the next start-up answers it.
+            logger.exception("could not record an answer for session %s", entry.session_id)
+            return
+        await self._send(obligation, claimed=False)
+
+    async def _record(self, tx: Transaction, entry: InboxEntry, content: str) -> Obligation:
+        event = entry.event
+        obligation_id = compute_obligation_id(entry.session_key, event.message_id, content)
+        reply_to = event.platform_message_id
+        await self.ledger.record_obligation_in(
+            tx,
+            obligation_id=obligation_id,
+            session_key=entry.session_key,
+            session_id=entry.session_id,
+            platform=event.platform,
+            chat_id=event.source.chat_id,
+            thread_id=event.source.thread_id,
+            reply_to=reply_to,
+            content=content,
+            message_ref=event.message_id,
+        )
+        return Obligation(
+            obligation_id=obligation_id,
+            session_key=entry.session_key,
+            session_id=entry.session_id,
+            platform=event.platform,
+            chat_id=event.source.chat_id,
+            thread_id=event.source.thread_id,
+            reply_to=reply_to,
+            content=content,
+            state="pending",
+            attempts=0,
+            last_error=None,
+            created_at=event.timestamp,
+            needs_marker=False,
+            message_ref=event.message_id,
+        )
+
+    async def _keep_typing(self, event: MessageEvent) -> None:
+        adapter = self._adapters.get(event.platform)
+        if adapter is None:
+            return
+        while True:
+            with contextlib.suppress(Exception):
+                await adapter.indicate_typing(event)
+            await asyncio.sleep(TYPING_INTERVAL)
+
+    # -- outbound ----------------------------------------------------------
+
+    async def _send(self, obligation: Obligation, *, claimed: bool) -> None:
+        """Send one owed reply; ``claimed`` means the ledger already moved it to attempting."""
+        adapter = self._adapters.get(obligation.platform)
+        if adapter is None or not adapter.is_connected:
+            logger.warning(
+                "no connected %s adapter; reply %s waits for a later start",
+                obligation.platform,
+                obligation.obligation_id,
+            )
+            return
+        if not claimed:
+            await self.ledger.mark_attempting(obligation.obligation_id)
+        if obligation.needs_marker:
+            self.metrics.resends.labels(obligation.platform).inc()
+        try:
+            result = await adapter.send(
+                obligation.chat_id,
+                obligation.outgoing_text,
+                thread_id=obligation.thread_id,
+                reply_to=obligation.reply_to,
+            )
+        except PlatformError as exc:
+            self.metrics.send_failures.labels(obligation.platform).inc()
+            logger.warning(
+                "sending reply %s failed (%s, retryable=%s, ambiguous=%s)",
+                obligation.obligation_id,
+                exc,
+                exc.retryable,
+                exc.ambiguous,
+            )
+            await self.ledger.mark_failed(
+                obligation.obligation_id,
+                str(exc),
+                retryable=exc.retryable,
+                retry_after=exc.retry_after,
+                ambiguous=exc.ambiguous,
+            )
+            if not exc.retryable:
+                self.metrics.abandoned.labels(obligation.platform).inc()
+            return
+        except Exception as exc:
+            # An adapter bug: we cannot tell whether the message left, so resend with the marker.
+            logger.exception("adapter %s crashed while sending", obligation.platform)
+            await self.ledger.mark_failed(
+                obligation.obligation_id, repr(exc), retryable=True, ambiguous=True
+            )
+            return
+        self.metrics.replies_delivered.labels(obligation.platform).inc()
+        await self.ledger.mark_delivered(obligation.obligation_id, result.message_ids)
+
+    async def _retry_loop(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), RETRY_POLL_SECONDS)
+            if self._stopping.is_set():
+                return
+            try:
+                for obligation in await self.ledger.due_retries():
+                    await self._send(obligation, claimed=True)
+            except Exception:
+                logger.exception("retrying failed replies failed; trying again later")

@@ -1,0 +1,64 @@
+"""Logging set-up: text on a terminal, JSON lines elsewhere; noisy libraries quietened."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Literal
+
+__all__ = ["JsonFormatter", "configure_logging"]
+
+# httpx logs every request URL at INFO, and Telegram URLs carry the bot token.
+_QUIET = (
+    "httpx",
+    "httpcore",
+    "telegram",
+    "telegram.ext",
+    "pywa",
+    "pywa_async",
+    "uvicorn",
+    "uvicorn.error",
+    "aiosqlite",
+    "openai",
+    "hpack",
+)
+
+_STANDARD = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and any ``extra`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                payload[key] = value if isinstance(value, str | int | float | bool) else repr(value)
+        if record.exc_info:
+            payload["exc"] = self.formatException(record.exc_info)
+        return json.dumps(payload, ensure_ascii=False)
+
+
+def configure_logging(level: str = "INFO", fmt: Literal["auto", "text", "json"] = "auto") -> None:
+    """Configure the root logger once for the process."""
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    handler = logging.StreamHandler(sys.stderr)
+    if use_json:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    quiet = max(logging.WARNING, logging.getLevelName(level))
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(quiet)

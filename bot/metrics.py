@@ -1,0 +1,74 @@
+"""Prometheus metrics of one bot process (served at ``/metrics``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+
+def _registry() -> CollectorRegistry:
+    return CollectorRegistry(auto_describe=True)
+
+
+@dataclass
+class Metrics:
+    """The counters the gateway updates; one registry per instance so tests stay isolated."""
+
+    registry: CollectorRegistry = field(default_factory=_registry)
+    """Where the metrics live."""
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.messages_in = Counter(
+            "chatflow_messages_in", "Inbound messages accepted", ["platform"], registry=r
+        )
+        self.dedup_hits = Counter(
+            "chatflow_dedup_hits",
+            "Inbound messages dropped as duplicates",
+            ["platform"],
+            registry=r,
+        )
+        self.ignored = Counter(
+            "chatflow_messages_ignored",
+            "Inbound messages not addressed to the bot",
+            ["platform"],
+            registry=r,
+        )
+        self.busy = Counter(
+            "chatflow_messages_busy",
+            "Inbound messages pushed back because the queue was full",
+            ["platform"],
+            registry=r,
+        )
+        self.turns = Counter(
+            "chatflow_turns", "Turns finished, by outcome", ["outcome"], registry=r
+        )
+        self.replies_delivered = Counter(
+            "chatflow_replies_delivered", "Replies delivered", ["platform"], registry=r
+        )
+        self.send_failures = Counter(
+            "chatflow_send_failures", "Failed send attempts", ["platform"], registry=r
+        )
+        self.resends = Counter(
+            "chatflow_resends",
+            "Replies sent again after a restart or a failure",
+            ["platform"],
+            registry=r,
+        )
+        self.abandoned = Counter(
+            "chatflow_abandoned", "Replies given up on", ["platform"], registry=r
+        )
+        self.model_latency = Histogram(
+            "chatflow_turn_seconds",
+            "Time to play one turn (model and tools)",
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+        )
+        self.queued = Gauge("chatflow_queued_messages", "Messages waiting for a worker", registry=r)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,108 @@
+"""The bot's one HTTP server: platform webhooks, ``/healthz`` and ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from bot.errors import ConfigurationError
+from bot.metrics import Metrics
+
+__all__ = ["HealthCheck", "HttpServer", "build_app"]
+
+logger = logging.getLogger(__name__)
+
+HealthCheck = Callable[[], Awaitable[dict[str, object]]]
+"""Returns the health report; a report whose ``"ok"`` is false answers 503."""
+
+
+def build_app(routes: Sequence[BaseRoute], *, health: HealthCheck, metrics: Metrics) -> Starlette:
+    """A Starlette app with the adapters' routes plus ``/healthz`` and ``/metrics``."""
+
+    async def healthz(request: Request) -> Response:
+        report = await health()
+        return JSONResponse(report, status_code=200 if report.get("ok") else 503)
+
+    async def metrics_route(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return Starlette(
+        routes=[
+            *routes,
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_route, methods=["GET"]),
+        ]
+    )
+
+
+class HttpServer:
+    """uvicorn serving an app inside the bot's own event loop (no signal handlers of its own)."""
+
+    def __init__(self, app: Starlette, host: str, port: int) -> None:
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(config)
+        self._task: asyncio.Task[None] | None = None
+        self._host = host
+        self._port = port
+        self._sock: socket.socket | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when 0 was asked for)."""
+        if self._sock is not None:
+            return int(self._sock.getsockname()[1])
+        return self._port
+
+    async def start(self) -> None:
+        """Bind and serve in the background; return once listening.
+
+        The socket is bound here rather than by uvicorn, which exits the process
+        when a port is taken; we raise ``ConfigurationError`` naming the setting.
+        """
+        sock = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self._host, self._port))
+        except OSError as exc:
+            sock.close()
+            raise ConfigurationError(
+                f"HTTP_HOST/HTTP_PORT: cannot listen on {self._host}:{self._port} ({exc.strerror})",
+                setting="HTTP_PORT",
+            ) from exc
+        sock.listen(128)
+        sock.setblocking(False)
+        self._sock = sock
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("HTTP server stopped before it started")
+            await asyncio.sleep(0.01)
+        logger.info("HTTP server listening on %s:%s", self._host, self.port)
+
+    async def stop(self) -> None:
+        """Stop serving; idempotent."""
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        with contextlib.suppress(Exception):
+            await self._task
+        self._task = None

@@ -1,0 +1,156 @@
+"""A gateway process for the kill-point tests: file-backed adapter, echo model.
+
+Run as ``python tests/gateway/killpoint_harness.py DIR [KILL_AT]``. It reads
+inbound messages from ``DIR/inbound.jsonl`` (offered again on every start, as a
+platform redelivers unconfirmed updates), appends every send to
+``DIR/sent.jsonl`` (fsynced), and with ``KILL_AT`` SIGKILLs itself at that
+point the first time it gets there:
+
+- ``after_accept``: inside the model call, after tx 1, before tx 2;
+- ``after_commit``: after tx 2, before the send is marked attempting;
+- ``during_send``: after the message reached the "platform", before send returns;
+- ``after_send``: after send returned, before ``mark_delivered``.
+
+Without ``KILL_AT`` it runs until every inbound message has its reply recorded
+as delivered, then exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from starlette.routing import BaseRoute
+
+from bot.config import Settings
+from bot.core.agent import Agent
+from bot.core.messages import Message, Role
+from bot.core.models.base import ModelResponse, ToolSpec
+from bot.core.runner import Runner
+from bot.core.sqlite_store import SQLiteSessionStore
+from bot.gateway.events import MessageEvent, SessionSource
+from bot.gateway.gateway import Gateway
+from platforms.base import EventHandler, SendResult
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class EchoModel:
+    def __init__(self, kill: bool) -> None:
+        self.kill = kill
+
+    async def complete(
+        self,
+        *,
+        model: str,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+    ) -> ModelResponse:
+        if self.kill:
+            die()
+        last = [m for m in messages if m.role is Role.USER][-1]
+        return ModelResponse(content=f"echo: {last.content}")
+
+
+class FileAdapter:
+    name = "fake"
+    max_text_len = 4096
+
+    def __init__(self, root: Path, kill_during_send: bool) -> None:
+        self.root = root
+        self.kill_during_send = kill_during_send
+        self._connected = False
+
+    @property
+    def is_connected(self) -> bool:
+        return self._connected
+
+    async def start(self, on_event: EventHandler) -> None:
+        self._connected = True
+        self._on_event = on_event
+
+    async def offer_all(self) -> None:
+        for line in (self.root / "inbound.jsonl").read_text().splitlines():
+            item = json.loads(line)
+            await self._on_event(
+                MessageEvent(
+                    platform="fake",
+                    message_id=item["id"],
+                    platform_message_id=item["id"],
+                    source=SessionSource("fake", item["chat"], "dm", item["chat"]),
+                    text=item["text"],
+                )
+            )
+
+    async def stop(self) -> None:
+        self._connected = False
+
+    async def send(
+        self, chat_id: str, text: str, *, thread_id: str | None = None, reply_to: str | None = None
+    ) -> SendResult:
+        record = json.dumps({"chat": chat_id, "text": text, "reply_to": reply_to})
+        with open(self.root / "sent.jsonl", "a") as f:
+            f.write(record + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if self.kill_during_send:
+            die()
+        return SendResult(message_ids=[reply_to or "x"])
+
+    async def indicate_typing(self, event: MessageEvent) -> None:
+        return None
+
+    def format_reply(self, text: str, agent_name: str) -> str:
+        return text
+
+    def routes(self) -> Sequence[BaseRoute]:
+        return []
+
+
+async def main(root: Path, kill_at: str | None) -> None:
+    store = SQLiteSessionStore(str(root / "chatflow.db"))
+    runner = Runner(
+        Agent(name="Echo", instructions="echo"), store, model=EchoModel(kill_at == "after_accept")
+    )
+    adapter = FileAdapter(root, kill_at == "during_send")
+    gateway = Gateway(
+        runner, store, [adapter], Settings(data_dir=root), secret=b"s" * 32
+    )
+    if kill_at == "after_commit":
+
+        async def kill_attempting(*args: Any, **kwargs: Any) -> bool:
+            die()
+            return False
+
+        gateway.ledger.mark_attempting = kill_attempting  # type: ignore[method-assign]
+    if kill_at == "after_send":
+
+        async def kill_delivered(*args: Any, **kwargs: Any) -> bool:
+            die()
+            return False
+
+        gateway.ledger.mark_delivered = kill_delivered  # type: ignore[method-assign]
+    await gateway.start()
+    await adapter.offer_all()
+    expected = len((root / "inbound.jsonl").read_text().splitlines())
+    while True:
+        await gateway._dispatcher.drain(30)
+        status = await gateway.ledger.status()
+        if status.get("delivered", 0) >= expected:
+            break
+        await asyncio.sleep(0.05)
+    await gateway.stop(grace=5)
+    await store.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None))

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.config import Settings, load_settings
+from bot.errors import ConfigurationError
+
+
+def test_defaults_run_offline_on_sqlite_in_data() -> None:
+    settings = load_settings()
+    assert settings.database_path == Path("data/chatflow.db")
+    assert not settings.telegram_enabled
+    assert not settings.whatsapp_enabled
+
+
+def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:abc")
+    monkeypatch.setenv("ALLOWED_USERS", "1, 2,,3")
+    monkeypatch.setenv("LOG_LEVEL", "debug")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    settings = load_settings()
+    assert settings.telegram_enabled
+    assert settings.allowed_users == frozenset({"1", "2", "3"})
+    assert settings.log_level == "DEBUG"
+
+
+def test_reads_dotenv_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = tmp_path / ".env"
+    env.write_text("HTTP_PORT=9001\nDEFAULT_MODEL=ollama/llama3.1\n")
+    settings = Settings(_env_file=env)  # type: ignore[call-arg]
+    assert settings.http_port == 9001
+    assert settings.default_model == "ollama/llama3.1"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        pytest.param({"HTTP_PORT": "eighty"}, "HTTP_PORT", id="port-not-int"),
+        pytest.param({"HTTP_PORT": "70000"}, "HTTP_PORT", id="port-range"),
+        pytest.param({"MAX_TURNS": "0"}, "MAX_TURNS", id="max-turns-zero"),
+        pytest.param({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL", id="log-level"),
+        pytest.param({"DATABASE_URL": "mysql://x"}, "DATABASE_URL", id="db-url"),
+        pytest.param({"WHATSAPP_PHONE_ID": "123"}, "WHATSAPP_TOKEN", id="wa-missing-token"),
+        pytest.param(
+            {"TELEGRAM_WEBHOOK_URL": "https://x/webhooks/telegram"},
+            "TELEGRAM_WEBHOOK_SECRET",
+            id="tg-webhook-without-secret",
+        ),
+    ],
+)
+def test_wrong_setting_is_named_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], named: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    message = str(info.value)
+    assert named in message
+    assert "\n" not in message
+
+
+def test_secrets_never_print(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:supersecret")
+    monkeypatch.setenv("WHATSAPP_APP_SECRET", "appsecret-xyz")
+    settings = load_settings()
+    shown = repr(settings) + str(settings) + settings.model_dump_json()
+    assert "supersecret" not in shown
+    assert "appsecret-xyz" not in shown

@@ -1,0 +1,55 @@
+"""The public names of DESIGN.md §3.0 stay importable from ``bot``."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import bot
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DESIGN_NAMES = {
+    "Agent", "Runner", "RunResult", "tool", "Role", "Message", "ToolCall", "SessionContext",
+    "BaseSessionStore", "SessionStore", "SQLiteSessionStore", "SessionDeletedError",
+    "DEFAULT_DEDUP_TTL_HOURS", "ChatflowError",
+}
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    assert set(bot.__all__) == DESIGN_NAMES | {"ToolContext"}
+    for name in bot.__all__:
+        assert getattr(bot, name) is not None
+
+
+def test_seed_import_path_still_works() -> None:
+    from bot.core.memory import (  # noqa: F401
+        DEFAULT_DEDUP_TTL_HOURS,
+        SessionContext,
+        SessionDeletedError,
+        SessionStore,
+    )
+
+    assert DEFAULT_DEDUP_TTL_HOURS == 192
+
+
+def test_readme_example_runs_offline() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Write an agent\n\n```python\n(.*?)```", readme, re.S)
+    assert block is not None
+    result = subprocess.run(
+        [sys.executable, "-c", block.group(1)], capture_output=True, text=True, cwd=ROOT,
+        timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("[Order Tracking]")
+
+
+def test_env_example_documents_every_setting() -> None:
+    from bot.config import Settings
+
+    example = (ROOT / ".env.example").read_text()
+    missing = [n.upper() for n in Settings.model_fields if f"{n.upper()}=" not in example]
+    assert missing == []
