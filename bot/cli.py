@@ -1,4 +1,4 @@
-"""``python -m bot`` / ``chatflow``: run the bot, chat in the terminal, inspect sessions and the ledger."""
+"""``python -m bot`` / ``chatflow``: run the bot, chat, inspect sessions and the ledger."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from bot.app import Bot, InstanceLock, load_starting_agent, open_store
 from bot.config import Settings, load_settings
@@ -16,7 +17,7 @@ from bot.logs import configure_logging
 
 __all__ = ["main"]
 
-Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]
+Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:
@@ -53,7 +54,9 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
             for message in session.history:
                 who = message.agent or message.role.value
                 if message.tool_calls:
-                    calls = ", ".join(f"{c.name}({json.dumps(c.arguments)})" for c in message.tool_calls)
+                    calls = ", ".join(
+                        f"{c.name}({json.dumps(c.arguments)})" for c in message.tool_calls
+                    )
                     print(f"  [{message.role.value}:{who}] calls {calls}")
                 if message.content:
                     print(f"  [{message.role.value}:{who}] {message.content}")
@@ -121,10 +124,16 @@ def _parser() -> argparse.ArgumentParser:
         "talk to the bot right here.",
     )
     group = run.add_mutually_exclusive_group()
-    group.add_argument("--console", dest="console", action="store_true", default=None,
-                       help="also talk to the bot in this terminal")
-    group.add_argument("--no-console", dest="console", action="store_false",
-                       help="never read the terminal")
+    group.add_argument(
+        "--console",
+        dest="console",
+        action="store_true",
+        default=None,
+        help="also talk to the bot in this terminal",
+    )
+    group.add_argument(
+        "--no-console", dest="console", action="store_false", help="never read the terminal"
+    )
     run.set_defaults(handler=_run)
 
     chat = sub.add_parser(
@@ -135,22 +144,34 @@ def _parser() -> argparse.ArgumentParser:
     )
     chat.set_defaults(handler=_chat)
 
-    sessions = sub.add_parser("sessions", help="list, show, reset or delete conversations",
-                              description="Inspect and manage stored conversations.")
+    sessions = sub.add_parser(
+        "sessions",
+        help="list, show, reset or delete conversations",
+        description="Inspect and manage stored conversations.",
+    )
     s_sub = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
     s_sub.add_parser("list", help="list session ids")
-    for action, text in (("show", "print a conversation"), ("reset", "forget a conversation's "
-                         "history, keep its metadata"), ("delete", "delete a conversation")):
+    for action, text in (
+        ("show", "print a conversation"),
+        ("reset", "forget a conversation's history, keep its metadata"),
+        ("delete", "delete a conversation"),
+    ):
         p = s_sub.add_parser(action, help=text)
         p.add_argument("session_id", help="id from `sessions list`")
     sessions.set_defaults(handler=_sessions)
 
-    ledger = sub.add_parser("ledger", help="see and steer replies owed to users",
-                            description="The delivery ledger: replies recorded, sent or owed.")
+    ledger = sub.add_parser(
+        "ledger",
+        help="see and steer replies owed to users",
+        description="The delivery ledger: replies recorded, sent or owed.",
+    )
     l_sub = ledger.add_subparsers(dest="action", required=True, metavar="ACTION")
     status = l_sub.add_parser("status", help="counts by state and the latest rows")
-    status.add_argument("--state", choices=["pending", "attempting", "delivered", "failed",
-                                            "abandoned"], default=None)
+    status.add_argument(
+        "--state",
+        choices=["pending", "attempting", "delivered", "failed", "abandoned"],
+        default=None,
+    )
     status.add_argument("--limit", type=int, default=20)
     retry = l_sub.add_parser("retry", help="send a failed or abandoned reply again")
     retry.add_argument("obligation_id")

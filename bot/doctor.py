@@ -87,7 +87,9 @@ async def _check_telegram(settings: Settings, client: httpx.AsyncClient) -> Chec
         return CheckResult("telegram", False, f"Bot API unreachable ({type(exc).__name__})")
     if response.status_code != 200:
         return CheckResult(
-            "telegram", False, f"getMe answered HTTP {response.status_code}: check TELEGRAM_BOT_TOKEN"
+            "telegram",
+            False,
+            f"getMe answered HTTP {response.status_code}: check TELEGRAM_BOT_TOKEN",
         )
     username = response.json().get("result", {}).get("username", "?")
     mode = "webhook" if settings.telegram_webhook_url else "long polling"

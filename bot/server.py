@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import uvicorn
 from starlette.applications import Starlette
@@ -44,6 +44,14 @@ def build_app(routes: Sequence[BaseRoute], *, health: HealthCheck, metrics: Metr
     )
 
 
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the bot owns SIGTERM/SIGINT and stops us."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class HttpServer:
     """uvicorn serving an app inside the bot's own event loop (no signal handlers of its own)."""
 
@@ -57,7 +65,7 @@ class HttpServer:
             lifespan="off",
             timeout_graceful_shutdown=5,
         )
-        self._server = uvicorn.Server(config)
+        self._server = _QuietServer(config)
         self._task: asyncio.Task[None] | None = None
         self._host = host
         self._port = port
@@ -89,7 +97,6 @@ class HttpServer:
         sock.listen(128)
         sock.setblocking(False)
         self._sock = sock
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if self._task.done():

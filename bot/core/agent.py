@@ -2,11 +2,87 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Agent"]
+from bot.core.models.base import ToolSpec
+from bot.core.tools import FunctionTool, ToolContext, tool
+
+__all__ = [
+    "HANDOFF_PREFIX",
+    "Agent",
+    "FunctionTool",
+    "HandoffTool",
+    "ToolContext",
+    "handoff_tool_name",
+    "snake_case",
+    "tool",
+]
+
+HANDOFF_PREFIX = "transfer_to_"
+"""Prefix of every handoff tool name."""
+
+_MAX_TOOL_NAME = 64
+
+
+def snake_case(name: str) -> str:
+    """``"OrderTracking"`` -> ``"order_tracking"``, ``"Billing Agent"`` -> ``"billing_agent"``.
+
+    Accents are folded to ASCII (provider tool names allow ``[A-Za-z0-9_-]`` only);
+    a name with no usable character becomes ``agent_<hash>``.
+    """
+    folded = unicodedata.normalize("NFKD", name)
+    folded = "".join(ch for ch in folded if not unicodedata.combining(ch))
+    folded = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", folded)
+    folded = re.sub(r"(?<=[A-Z])(?=[A-Z][a-z])", "_", folded)
+    snake = re.sub(r"[^A-Za-z0-9]+", "_", folded).strip("_").lower()
+    if not snake:
+        snake = "agent_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return snake
+
+
+def handoff_tool_name(agent_name: str) -> str:
+    """Name of the tool that hands the conversation to ``agent_name``: ``transfer_to_<snake>``."""
+    name = HANDOFF_PREFIX + snake_case(agent_name)
+    if len(name) > _MAX_TOOL_NAME:
+        digest = hashlib.sha256(agent_name.encode()).hexdigest()[:8]
+        name = name[: _MAX_TOOL_NAME - 9] + "_" + digest
+    return name
+
+
+def _empty_object_schema() -> dict[str, Any]:
+    return {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
+
+
+@dataclass(frozen=True, eq=False)
+class HandoffTool:
+    """The tool that transfers the conversation to another agent."""
+
+    name: str
+    """``transfer_to_<snake_case(target.name)>``."""
+    target: Agent
+    """The agent that takes over."""
+
+    @property
+    def description(self) -> str:
+        """What the model reads: who the target is and what it handles."""
+        text = f"Hand the conversation over to the {self.target.name} agent."
+        if self.target.handoff_description:
+            text += f" {self.target.handoff_description}"
+        return text
+
+    def spec(self) -> ToolSpec:
+        """This handoff as offered to the model (takes no arguments)."""
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            parameters=_empty_object_schema(),
+            handoff_target=self.target.name,
+        )
 
 
 @dataclass(eq=False)
@@ -20,8 +96,8 @@ class Agent:
     model: str | None = None
     """Model name (``"gpt-4o"``, ``"gemini-2.5-flash"``, ``"ollama/llama3"``,
     ``"offline"``); ``None`` uses the Runner's default."""
-    tools: Sequence[Any] = field(default_factory=tuple)
-    """Tools this agent may call (functions decorated with ``@tool``)."""
+    tools: Sequence[FunctionTool | Callable[..., Any]] = field(default_factory=tuple)
+    """Tools this agent may call (``@tool`` functions; plain functions are wrapped)."""
     handoffs: Sequence[Agent] = field(default_factory=tuple)
     """Agents this one may transfer the conversation to."""
     handoff_description: str | None = None
@@ -30,5 +106,84 @@ class Agent:
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
             raise ValueError("Agent name must be non-empty")
-        self.tools = tuple(self.tools)
+        self.tools = tuple(
+            item if isinstance(item, FunctionTool) else tool(item) for item in self.tools
+        )
         self.handoffs = tuple(self.handoffs)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check tools and handoffs: right types, no two tools with one name.
+
+        Runs at construction, and again in the Runner (handoffs may be assigned
+        after construction to build cycles such as triage <-> billing).
+        """
+        for item in self.tools:
+            if not isinstance(item, FunctionTool):
+                raise TypeError(
+                    f"Agent {self.name!r}: tools must be @tool functions, got {type(item).__name__}"
+                )
+        for target in self.handoffs:
+            if not isinstance(target, Agent):
+                raise TypeError(
+                    f"Agent {self.name!r}: handoffs must be Agent objects, "
+                    f"got {type(target).__name__}"
+                )
+        names: dict[str, str] = {}
+        for item in self.function_tools:
+            if item.name in names:
+                raise ValueError(f"Agent {self.name!r} has two tools named {item.name!r}")
+            names[item.name] = "tool"
+        for handoff in self.handoff_tools:
+            if handoff.name in names:
+                raise ValueError(
+                    f"Agent {self.name!r}: handoff tool {handoff.name!r} "
+                    f"(to {handoff.target.name!r}) clashes with another tool or handoff"
+                )
+            names[handoff.name] = "handoff"
+
+    @property
+    def function_tools(self) -> tuple[FunctionTool, ...]:
+        """This agent's function tools (``tools`` after wrapping)."""
+        return tuple(item for item in self.tools if isinstance(item, FunctionTool))
+
+    @property
+    def handoff_tools(self) -> tuple[HandoffTool, ...]:
+        """One ``transfer_to_<name>`` tool per agent in ``handoffs``."""
+        return tuple(HandoffTool(handoff_tool_name(t.name), t) for t in self.handoffs)
+
+    def find_tool(self, name: str) -> FunctionTool | None:
+        """The function tool called ``name``, if this agent has it."""
+        for item in self.function_tools:
+            if item.name == name:
+                return item
+        return None
+
+    def find_handoff(self, name: str) -> HandoffTool | None:
+        """The handoff tool called ``name``, if this agent has it."""
+        for handoff in self.handoff_tools:
+            if handoff.name == name:
+                return handoff
+        return None
+
+    def tool_specs(self) -> list[ToolSpec]:
+        """Every tool offered to the model for this agent: function tools, then handoffs."""
+        specs = [
+            ToolSpec(name=t.name, description=t.description, parameters=t.params_json_schema)
+            for t in self.function_tools
+        ]
+        specs.extend(handoff.spec() for handoff in self.handoff_tools)
+        return specs
+
+    def reachable_agents(self) -> list[Agent]:
+        """This agent and every agent reachable through handoffs, breadth first."""
+        found: list[Agent] = [self]
+        seen_ids = {id(self)}
+        index = 0
+        while index < len(found):
+            for target in found[index].handoffs:
+                if id(target) not in seen_ids:
+                    seen_ids.add(id(target))
+                    found.append(target)
+            index += 1
+        return found

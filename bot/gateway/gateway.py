@@ -125,7 +125,7 @@ class Gateway:
         for adapter in self._adapters.values():
             hook = getattr(adapter, "on_status_failed", None)
             if hook is None and hasattr(adapter, "on_status_failed"):
-                adapter.on_status_failed = self._on_status_failed  # type: ignore[attr-defined]
+                adapter.on_status_failed = self._on_status_failed
             try:
                 await adapter.start(self._on_event)
             except ChatflowError:

@@ -83,9 +83,7 @@ class FakeAdapter:
     async def wait_for_sent(self, count: int, timeout: float = 10.0) -> list[Sent]:
         """Wait until at least ``count`` messages were sent."""
         async with self._changed:
-            await asyncio.wait_for(
-                self._changed.wait_for(lambda: len(self.sent) >= count), timeout
-            )
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), timeout)
         return list(self.sent)
 
 

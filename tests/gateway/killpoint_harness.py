@@ -98,7 +98,8 @@ class FileAdapter:
         self, chat_id: str, text: str, *, thread_id: str | None = None, reply_to: str | None = None
     ) -> SendResult:
         record = json.dumps({"chat": chat_id, "text": text, "reply_to": reply_to})
-        with open(self.root / "sent.jsonl", "a") as f:
+        # Blocking on purpose: the record must be on disk before a SIGKILL can land.
+        with open(self.root / "sent.jsonl", "a") as f:  # noqa: ASYNC230
             f.write(record + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -122,9 +123,7 @@ async def main(root: Path, kill_at: str | None) -> None:
         Agent(name="Echo", instructions="echo"), store, model=EchoModel(kill_at == "after_accept")
     )
     adapter = FileAdapter(root, kill_at == "during_send")
-    gateway = Gateway(
-        runner, store, [adapter], Settings(data_dir=root), secret=b"s" * 32
-    )
+    gateway = Gateway(runner, store, [adapter], Settings(data_dir=root), secret=b"s" * 32)
     if kill_at == "after_commit":
 
         async def kill_attempting(*args: Any, **kwargs: Any) -> bool:

@@ -23,7 +23,9 @@ async def test_per_session_order_and_parallel_sessions() -> None:
         order.append(item)
         running.discard(session)
 
-    d: SessionDispatcher[tuple[str, int]] = SessionDispatcher(handle, max_concurrent=4, max_queued=100)
+    d: SessionDispatcher[tuple[str, int]] = SessionDispatcher(
+        handle, max_concurrent=4, max_queued=100
+    )
     for n in range(3):
         d.submit("a", f"a{n}", ("a", n))
         d.submit("b", f"b{n}", ("b", n))

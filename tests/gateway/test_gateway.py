@@ -145,7 +145,7 @@ async def test_failed_turn_sends_one_apology_and_leaves_the_session_as_it_was(
     session_id = rig.gateway._dispatcher  # placeholder to keep lints quiet
     del session_id
     sessions = await rig.store.list_sessions()
-    before = (await rig.store.get(sessions[0]))
+    before = await rig.store.get(sessions[0])
     assert before is not None
     rig.model.add(ModelError("provider down", retryable=True))
     event = make_event("second")

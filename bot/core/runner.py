@@ -1,0 +1,366 @@
+"""The agent loop: one user message in, one committed turn (or nothing) out.
+
+A turn runs under the store's per-session lock: load the session, take a
+checkpoint, add the user message, then call the active agent's model until it
+answers with text, running tools and handoffs in between. The turn is saved
+once, in one transaction (with the caller's ``on_commit`` rows, e.g. the
+gateway's inbox and ledger). Whatever fails on the way -- the model, a tool
+round limit, the save, a cancellation -- the session is rolled back to the
+checkpoint: no user message, no handoff, no metadata change survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.core.agent import Agent, HandoffTool
+from bot.core.memory import (
+    BaseSessionStore,
+    SessionContext,
+    SessionStore,
+    Transaction,
+    log_session_id,
+)
+from bot.core.messages import Message, Role, ToolCall
+from bot.core.models.base import ChatModel, ModelResponse, Usage, current_agent_name
+from bot.core.models.routing import ModelRouter, ModelSettings, default_model_name
+from bot.core.tools import ToolContext, error_result
+from bot.errors import ChatflowError, MaxToolRoundsError, TurnError
+
+__all__ = ["OnCommit", "RunResult", "Runner"]
+
+logger = logging.getLogger(__name__)
+
+_INBOUND_ID_KEY = "inbound_message_id"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of one committed turn."""
+
+    content: str
+    """The final text answer."""
+    agent: str
+    """Name of the agent that answered (after any handoffs)."""
+    session_id: str
+    """The session the turn ran in."""
+    new_messages: list[Message] = field(default_factory=list)
+    """Messages this turn added: the user message, model answers, tool results."""
+    usage: Usage = field(default_factory=Usage)
+    """Tokens spent across every model call of the turn."""
+
+
+OnCommit = Callable[[RunResult, Transaction], Awaitable[None]]
+"""Called with the result and the store's open transaction, inside the save."""
+
+
+class Runner:
+    """Runs turns for a graph of agents against a session store."""
+
+    def __init__(
+        self,
+        starting_agent: Agent,
+        session_store: BaseSessionStore | None = None,
+        *,
+        model: ChatModel | None = None,
+        max_tool_rounds: int = 10,
+        model_settings: ModelSettings | object | None = None,
+    ) -> None:
+        """Collect every agent reachable through handoffs and resolve their models.
+
+        ``model`` serves every agent (tests); without it each agent's ``model``
+        name (or ``DEFAULT_MODEL``, or ``offline``) is routed. A model name that
+        routes nowhere, or lacks its key, raises ``ConfigurationError`` here,
+        before any message. Two agents with one name raise ``ValueError``.
+        """
+        if max_tool_rounds < 0:
+            raise ValueError("max_tool_rounds must be >= 0")
+        self.starting_agent = starting_agent
+        self.max_tool_rounds = max_tool_rounds
+        self._agents = self._collect(starting_agent)
+        self._owns_store = session_store is None
+        self.store: BaseSessionStore = session_store or SessionStore()
+        self.store.set_agent_resolver(self.get_agent)
+        self._model_override = model
+        self._settings = (
+            ModelSettings.from_settings(model_settings)
+            if model_settings is not None
+            else ModelSettings()
+        )
+        self._router = ModelRouter(self._settings)
+        self._models: dict[str, tuple[ChatModel, str]] = {}
+        self.validate()
+
+    @staticmethod
+    def _collect(starting_agent: Agent) -> dict[str, Agent]:
+        agents: dict[str, Agent] = {}
+        for agent in starting_agent.reachable_agents():
+            other = agents.get(agent.name)
+            if other is not None and other is not agent:
+                raise ValueError(f"two different agents are named {agent.name!r}")
+            agent.validate()
+            agents[agent.name] = agent
+        return agents
+
+    @property
+    def agents(self) -> Mapping[str, Agent]:
+        """Every agent this runner knows, by name."""
+        return dict(self._agents)
+
+    def get_agent(self, name: str) -> Agent | None:
+        """The agent called ``name``, or ``None`` (the store's resolver)."""
+        return self._agents.get(name)
+
+    def validate(self) -> None:
+        """Resolve every agent's model now; ``ConfigurationError`` names a missing setting."""
+        default = default_model_name(self._settings)
+        models: dict[str, tuple[ChatModel, str]] = {}
+        warned = False
+        for agent in self._agents.values():
+            name = agent.model or default
+            if self._model_override is not None:
+                models[agent.name] = (self._model_override, name)
+                continue
+            if agent.model is None and name == "offline" and not warned:
+                warned = True
+                logger.warning(
+                    "No DEFAULT_MODEL and no API key: using the offline demo model "
+                    "(set OPENAI_API_KEY or GEMINI_API_KEY for real answers)"
+                )
+            models[agent.name] = self._router.resolve(name)
+        self._models = models
+
+    async def aclose(self) -> None:
+        """Close the model clients this runner made (and its own in-memory store)."""
+        await self._router.aclose()
+        if self._owns_store:
+            await self.store.close()
+
+    async def run_async(
+        self,
+        session_id: str,
+        user_message: str,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        on_commit: OnCommit | None = None,
+        inbound_message_id: str | None = None,
+    ) -> RunResult:
+        """Run one turn and commit it, or roll it back and raise a ``ChatflowError``.
+
+        ``metadata`` is merged into the session's metadata as part of the turn.
+        ``on_commit(result, transaction)`` runs inside the save's transaction
+        (SQLite store only). ``inbound_message_id`` (or ``metadata
+        ["inbound_message_id"]``) reaches tools through ``ToolContext``.
+        Cancellation rolls back too and propagates as ``CancelledError``.
+        """
+        if inbound_message_id is None and metadata is not None:
+            candidate = metadata.get(_INBOUND_ID_KEY)
+            inbound_message_id = str(candidate) if candidate is not None else None
+        try:
+            async with self.store.session_lock(session_id):
+                session = await self._load(session_id)
+                checkpoint = session.checkpoint()
+                try:
+                    if metadata:
+                        session.metadata.update(metadata)
+                    result = await self._run_turn(session, user_message, inbound_message_id)
+                    cancelled_after_commit = await self._save(session, result, on_commit)
+                except BaseException as exc:
+                    session.rollback_to(checkpoint)
+                    logger.warning(
+                        "Turn in session %s rolled back: %s",
+                        log_session_id(session_id),
+                        type(exc).__name__,
+                    )
+                    raise
+        except ChatflowError:
+            raise
+        except Exception as exc:
+            raise TurnError(f"turn failed: {type(exc).__name__}: {exc}") from exc
+        if cancelled_after_commit:
+            raise asyncio.CancelledError
+        return result
+
+    async def _load(self, session_id: str) -> SessionContext:
+        session = await self.store.get_or_create(session_id, self.starting_agent)
+        known = self._agents.get(session.active_agent.name)
+        if known is None:
+            logger.warning(
+                "Session %s is on unknown agent %r; continuing with %r",
+                log_session_id(session_id),
+                session.active_agent.name,
+                self.starting_agent.name,
+            )
+            # Not part of the rollback: the unknown agent cannot run anyway.
+            session.active_agent = self.starting_agent
+        elif known is not session.active_agent:
+            session.active_agent = known
+        return session
+
+    async def _save(
+        self, session: SessionContext, result: RunResult, on_commit: OnCommit | None
+    ) -> bool:
+        """Save the turn; return True if a cancellation arrived while it committed."""
+        if on_commit is None:
+            save = self.store.save(session)
+        else:
+
+            async def also(transaction: Transaction) -> None:
+                await on_commit(result, transaction)
+
+            save = self.store.save(session, also=also)
+        task = asyncio.ensure_future(save)
+        cancelled = False
+        # A commit in flight must settle before we decide: if it landed, the
+        # turn is committed (memory must match disk); only a failure rolls back.
+        while True:
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.done():
+                    raise
+                cancelled = True
+                continue
+            except BaseException:
+                if cancelled:
+                    raise asyncio.CancelledError from None
+                raise
+            break
+        if cancelled:
+            logger.warning(
+                "Turn in session %s committed while cancelled", log_session_id(session.session_id)
+            )
+        return cancelled
+
+    async def _run_turn(
+        self, session: SessionContext, user_message: str, inbound_message_id: str | None
+    ) -> RunResult:
+        new_messages: list[Message] = []
+
+        def add(message: Message) -> None:
+            session.add_message(message)
+            new_messages.append(message)
+
+        add(Message(role=Role.USER, content=user_message))
+        usage = Usage()
+        tool_rounds = 0
+        while True:
+            agent = session.active_agent
+            response = await self._call_model(session, agent)
+            usage = usage + response.usage
+            calls = _unique_ids(response.tool_calls)
+            if calls and tool_rounds >= self.max_tool_rounds:
+                raise MaxToolRoundsError(
+                    f"agent {agent.name!r} still calling tools after {self.max_tool_rounds} rounds"
+                )
+            add(
+                Message(
+                    role=Role.MODEL,
+                    content=response.content,
+                    tool_calls=calls,
+                    agent=agent.name,
+                )
+            )
+            if not calls:
+                return RunResult(
+                    content=response.content or "",
+                    agent=agent.name,
+                    session_id=session.session_id,
+                    new_messages=new_messages,
+                    usage=usage,
+                )
+            tool_rounds += 1
+            handed_off = False
+            for call in calls:
+                text, target = await self._run_call(
+                    session, agent, call, response, inbound_message_id, handed_off
+                )
+                if target is not None:
+                    handed_off = True
+                    logger.info(
+                        "Handoff in session %s: %s -> %s",
+                        log_session_id(session.session_id),
+                        agent.name,
+                        target.name,
+                    )
+                    session.active_agent = target
+                add(
+                    Message(
+                        role=Role.TOOL,
+                        content=text,
+                        tool_call_id=call.id,
+                        name=call.name,
+                        agent=agent.name,
+                    )
+                )
+
+    async def _call_model(self, session: SessionContext, agent: Agent) -> ModelResponse:
+        model, model_name = self._models[agent.name]
+        token = current_agent_name.set(agent.name)
+        try:
+            return await model.complete(
+                model=model_name,
+                system=agent.instructions,
+                messages=list(session.history),
+                tools=agent.tool_specs(),
+            )
+        finally:
+            current_agent_name.reset(token)
+
+    async def _run_call(
+        self,
+        session: SessionContext,
+        agent: Agent,
+        call: ToolCall,
+        response: ModelResponse,
+        inbound_message_id: str | None,
+        handed_off: bool,
+    ) -> tuple[str, Agent | None]:
+        """Run one tool call; return the result text and the handoff target, if any."""
+        if call.id in response.invalid_tool_calls:
+            return error_result(response.invalid_tool_calls[call.id]), None
+        handoff = agent.find_handoff(call.name)
+        if handoff is not None:
+            return self._handoff(handoff, handed_off)
+        if call.name.startswith("transfer_to_"):
+            return error_result(f"no agent to transfer to for {call.name!r}"), None
+        function_tool = agent.find_tool(call.name)
+        if function_tool is None:
+            return error_result(f"unknown tool {call.name!r}"), None
+        context = ToolContext(
+            session_id=session.session_id,
+            metadata=dict(session.metadata),
+            inbound_message_id=inbound_message_id,
+            agent_name=agent.name,
+        )
+        try:
+            return await function_tool.invoke(context, call.arguments), None
+        except Exception as exc:  # invoke reports tool failures itself; this is a bug guard
+            logger.warning("Tool %s invocation failed: %s", call.name, type(exc).__name__)
+            return error_result(f"tool {call.name!r} failed"), None
+
+    def _handoff(self, handoff: HandoffTool, handed_off: bool) -> tuple[str, Agent | None]:
+        if handed_off:
+            return error_result("only one handoff per answer; this one was ignored"), None
+        target = self._agents.get(handoff.target.name)
+        if target is None:  # handoffs reassigned after the Runner was built
+            logger.warning("Handoff to unregistered agent %r refused", handoff.target.name)
+            return error_result(f"agent {handoff.target.name!r} is not available"), None
+        return f"Transferred to {target.name}", target
+
+
+def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:
+    """Give every tool call of one answer a distinct, non-empty id (results pair by id)."""
+    seen: set[str] = set()
+    result: list[ToolCall] = []
+    for call in calls:
+        if not call.id or call.id in seen:
+            call = call.model_copy(update={"id": f"call_{uuid.uuid4().hex[:24]}"})
+        seen.add(call.id)
+        result.append(call)
+    return result

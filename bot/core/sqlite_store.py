@@ -1,0 +1,730 @@
+"""SQLite session store (aiosqlite): sessions, messages and dedup ids in one file.
+
+Concurrency
+    One aiosqlite connection per store. aiosqlite runs statements on its own
+    worker thread, so the event loop never waits on the disk, but coroutines
+    sharing the connection would interleave their statements and transactions;
+    an ``asyncio.Lock`` therefore serialises every operation and transaction.
+    Write transactions start with ``BEGIN IMMEDIATE`` and ``busy_timeout`` is
+    5 s, so several processes can share the file. Using the store from inside
+    its own ``transaction()`` block raises ``StorageError`` instead of
+    deadlocking: run such SQL through the ``Transaction``.
+
+Durability
+    ``journal_mode=WAL`` with ``synchronous=NORMAL``: a committed transaction
+    survives a crash or kill of the process (the promise Chatflow makes: tx 1 and
+    tx 2 of DESIGN §2); a power loss or OS crash may lose the last few commits
+    but never corrupts the file. In-memory databases keep SQLite's default
+    journal. A commit interrupted by task cancellation is awaited to its end
+    before the cancellation continues, so a session's bookkeeping always
+    matches the file.
+
+Schema
+    Versioned with ``PRAGMA user_version``: ``_MIGRATIONS[i]`` moves version
+    ``i`` to ``i + 1``; pending steps run forward in one transaction on open. A
+    database from a newer Chatflow, or one holding chatflow tables of another
+    layout (the chatflow-agent package), raises ``SchemaVersionError``.
+    ``user_version`` belongs to this store; the gateway versions its own tables
+    separately.
+
+Timestamps
+    ``created_at`` / ``updated_at`` are ISO-8601 UTC text with microseconds
+    (they sort chronologically); ``processed_at`` is Unix time (REAL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import aiosqlite
+
+from bot.core.agent import Agent
+from bot.core.memory import (
+    DEFAULT_DEDUP_TTL_HOURS,
+    DEFAULT_MAX_TURNS,
+    PURGE_BATCH_SIZE,
+    BaseSessionStore,
+    KeyedLocks,
+    SaveHook,
+    SessionContext,
+    SessionDeletedError,
+    Transaction,
+    _Changes,
+    _check_message_id,
+    _utc,
+    dump_metadata,
+    log_session_id,
+    seq_runs,
+    validate_session_id,
+)
+from bot.core.messages import Message
+from bot.errors import SchemaVersionError, StorageError
+
+__all__ = ["BUSY_TIMEOUT_MS", "SCHEMA_VERSION", "SQLiteSessionStore"]
+
+logger = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_MS = 5000
+"""How long a statement waits for another process's write lock."""
+
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the initial schema (DESIGN §3.3).
+    (
+        """CREATE TABLE chatflow_sessions (
+            session_id TEXT PRIMARY KEY NOT NULL,
+            active_agent_name TEXT NOT NULL,
+            metadata_json TEXT NOT NULL DEFAULT '{}',
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        )""",
+        """CREATE TABLE chatflow_messages (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL
+                REFERENCES chatflow_sessions (session_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            message_json TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX chatflow_messages_session_seq ON chatflow_messages (session_id, seq)",
+        """CREATE TABLE chatflow_processed_messages (
+            message_id TEXT PRIMARY KEY NOT NULL,
+            processed_at REAL NOT NULL
+        )""",
+        "CREATE INDEX chatflow_processed_messages_processed_at "
+        "ON chatflow_processed_messages (processed_at)",
+    ),
+)
+
+SCHEMA_VERSION = len(_MIGRATIONS)
+"""The ``user_version`` this code writes and understands."""
+
+_REQUIRED_COLUMNS: Mapping[str, frozenset[str]] = {
+    "chatflow_sessions": frozenset(
+        {"session_id", "active_agent_name", "metadata_json", "created_at", "updated_at"}
+    ),
+    "chatflow_messages": frozenset(
+        {"id", "session_id", "seq", "role", "message_json", "created_at"}
+    ),
+    "chatflow_processed_messages": frozenset({"message_id", "processed_at"}),
+}
+
+_CLAIM_SQL = (
+    "INSERT INTO chatflow_processed_messages (message_id, processed_at) VALUES (?, ?) "
+    "ON CONFLICT (message_id) DO UPDATE SET processed_at = excluded.processed_at "
+    "WHERE chatflow_processed_messages.processed_at < ?"
+)
+_MARK_SQL = (
+    "INSERT INTO chatflow_processed_messages (message_id, processed_at) VALUES (?, ?) "
+    "ON CONFLICT (message_id) DO UPDATE SET processed_at = excluded.processed_at"
+)
+_PURGE_SQL = (
+    "DELETE FROM chatflow_processed_messages WHERE rowid IN ("
+    "SELECT rowid FROM chatflow_processed_messages WHERE processed_at < ? "
+    "ORDER BY processed_at LIMIT ?)"
+)
+_INSERT_MESSAGE_SQL = (
+    "INSERT INTO chatflow_messages (session_id, seq, role, message_json, created_at) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+
+# Locks of one database file are shared by every store instance of this process.
+_SHARED_SESSION_LOCKS = KeyedLocks()
+
+# Stores whose connection lock the current task holds (re-entry would deadlock).
+_HELD_STORES: ContextVar[frozenset[int]] = ContextVar("chatflow_sqlite_held", default=frozenset())
+
+
+def _iso(value: datetime) -> str:
+    return _utc(value).isoformat(timespec="microseconds")
+
+
+def _is_memory_target(path: str, uri: bool) -> bool:
+    if path == ":memory:":
+        return True
+    if not uri:
+        return False
+    parts = urlsplit(path)
+    return parts.path in ("", ":memory:") or "memory" in parse_qs(parts.query).get("mode", [])
+
+
+class _SQLiteTransaction:
+    """The ``Transaction`` handed to callers of ``transaction()`` and ``save(also=...)``."""
+
+    __slots__ = ("_active", "_conn")
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+        self._active = True
+
+    def _connection(self) -> aiosqlite.Connection:
+        if not self._active:
+            raise StorageError("this transaction has ended")
+        return self._conn
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; return the number of rows it changed (-1 if none apply)."""
+        conn = self._connection()
+        try:
+            cursor = await conn.execute(sql, tuple(params))
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQL statement failed: {exc}") from exc
+        return int(cursor.rowcount)
+
+    async def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per parameter set."""
+        conn = self._connection()
+        batch = [tuple(params) for params in seq_of_params]
+        try:
+            await conn.executemany(sql, batch)
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQL statement failed: {exc}") from exc
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a query and return every row."""
+        conn = self._connection()
+        try:
+            rows = await conn.execute_fetchall(sql, tuple(params))
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQL query failed: {exc}") from exc
+        return [tuple(row) for row in rows]
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """Run a query and return its first row, or ``None`` (use ``LIMIT`` for big results)."""
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+
+class SQLiteSessionStore(BaseSessionStore):
+    """Sessions, messages and dedup ids in one SQLite file, through aiosqlite.
+
+    Opens lazily on first use (or ``await store.open()``); ``close()`` is final.
+    ``":memory:"`` and ``file:...?mode=memory`` URIs work on the one connection.
+    Unknown keyword arguments (e.g. ``busy_timeout``) raise ``TypeError``.
+    """
+
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str],
+        default_max_turns: int = DEFAULT_MAX_TURNS,
+        *,
+        dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        super().__init__(default_max_turns, dedup_ttl_hours=dedup_ttl_hours, clock=clock)
+        path = os.fspath(db_path)
+        if not isinstance(path, str):
+            raise TypeError("db_path must be a str or a path")
+        if not path:
+            raise ValueError("db_path must not be empty (use ':memory:' for a private database)")
+        self._db_path = path
+        self._uri = path.startswith("file:")
+        self._memory = _is_memory_target(path, self._uri)
+        self._conn: aiosqlite.Connection | None = None
+        self._closed = False
+        self._open_lock = asyncio.Lock()
+        self._op_lock = asyncio.Lock()
+        self._lock_namespace: Hashable | None = None
+        if path == ":memory:":
+            # A private database: only this instance can see it.
+            self._lock_namespace = ("private", uuid.uuid4().hex)
+        elif self._uri:
+            self._lock_namespace = ("uri", path)
+
+    @property
+    def db_path(self) -> str:
+        """The path or URI given to the constructor."""
+        return self._db_path
+
+    @property
+    def in_memory(self) -> bool:
+        """True for ``":memory:"`` and ``mode=memory`` URIs."""
+        return self._memory
+
+    # -- connection -----------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, set the PRAGMAs and migrate the schema; idempotent."""
+        if self._closed:
+            raise StorageError("the session store is closed")
+        if self._conn is not None:
+            return
+        async with self._open_lock:
+            if self._closed:
+                raise StorageError("the session store is closed")
+            if self._conn is None:
+                self._conn = await self._connect()
+
+    async def close(self) -> None:
+        """Close the connection; the store cannot be used afterwards. Idempotent."""
+        if id(self) in _HELD_STORES.get():
+            raise StorageError("close() called inside the store's own transaction")
+        self._closed = True
+        async with self._open_lock, self._op_lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                try:
+                    await conn.close()
+                except sqlite3.Error as exc:
+                    raise StorageError(f"closing the database failed: {exc}") from exc
+
+    async def _connect(self) -> aiosqlite.Connection:
+        if not self._memory and not self._uri:
+            await asyncio.to_thread(self._prepare_directory)
+        conn = aiosqlite.connect(self._db_path, uri=self._uri, isolation_level=None)
+        try:
+            await conn
+        except BaseException as exc:
+            # aiosqlite stops its worker thread without waiting; let it finish while
+            # this loop still runs, or its last callback hits a closed loop.
+            worker = getattr(conn, "_thread", None)
+            if isinstance(worker, threading.Thread) and worker.is_alive():
+                await asyncio.to_thread(worker.join, 5)
+            if isinstance(exc, sqlite3.Error):
+                raise StorageError(f"cannot open the session database: {exc}") from exc
+            raise
+        try:
+            await self._configure(conn)
+            await self._migrate(conn)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    def _prepare_directory(self) -> None:
+        real = os.path.realpath(self._db_path)
+        Path(real).parent.mkdir(parents=True, exist_ok=True)
+        self._lock_namespace = ("file", real)
+
+    async def _configure(self, conn: aiosqlite.Connection) -> None:
+        try:
+            await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            await conn.execute("PRAGMA foreign_keys = ON")
+            if not self._memory:
+                rows = list(await conn.execute_fetchall("PRAGMA journal_mode = WAL"))
+                mode = str(rows[0][0]).lower() if rows else "unknown"
+                if mode != "wal":
+                    logger.warning("SQLite refused WAL mode (journal_mode=%s)", mode)
+            await conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot configure the session database: {exc}") from exc
+
+    async def _migrate(self, conn: aiosqlite.Connection) -> None:
+        try:
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                await self._migrate_in(conn)
+            except BaseException:
+                await conn.rollback()
+                raise
+            await conn.commit()
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot prepare the session tables: {exc}") from exc
+
+    async def _migrate_in(self, conn: aiosqlite.Connection) -> None:
+        rows = list(await conn.execute_fetchall("PRAGMA user_version"))
+        version = int(rows[0][0])
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"the session database is at schema version {version}, newer than this "
+                f"Chatflow knows ({SCHEMA_VERSION}); upgrade Chatflow or use another file"
+            )
+        if version == 0:
+            existing = list(
+                await conn.execute_fetchall(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN "
+                    "('chatflow_sessions', 'chatflow_messages', 'chatflow_processed_messages')"
+                )
+            )
+            if existing:
+                raise SchemaVersionError(
+                    "the database already holds chatflow tables without a schema version "
+                    "(written by another program?); Chatflow cannot migrate it: use a new file"
+                )
+        for step in _MIGRATIONS[version:]:
+            for statement in step:
+                await conn.execute(statement)
+        if version < SCHEMA_VERSION:
+            await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            logger.info("session schema migrated from version %d to %d", version, SCHEMA_VERSION)
+        for table, required in _REQUIRED_COLUMNS.items():
+            columns = {row[1] for row in await conn.execute_fetchall(f"PRAGMA table_info({table})")}
+            if not required <= columns:
+                raise SchemaVersionError(
+                    f"table {table} lacks columns {sorted(required - columns)}: the database "
+                    "was written by another program (e.g. chatflow-agent); use a new file"
+                )
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:
+        held = _HELD_STORES.get()
+        if id(self) in held:
+            raise StorageError(
+                "the session store was used inside its own transaction; "
+                "run that SQL through the Transaction instead"
+            )
+        await self.open()
+        async with self._op_lock:
+            conn = self._conn
+            if conn is None:
+                raise StorageError("the session store is closed")
+            token = _HELD_STORES.set(held | {id(self)})
+            try:
+                yield conn
+            finally:
+                _HELD_STORES.reset(token)
+
+    @asynccontextmanager
+    async def _transaction(
+        self, *, write: bool, on_commit: Callable[[], None] | None = None
+    ) -> AsyncIterator[_SQLiteTransaction]:
+        async with self._connection() as conn:
+            try:
+                await conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.Error as exc:
+                raise StorageError(f"cannot start a transaction: {exc}") from exc
+            except BaseException:
+                # Cancelled while BEGIN was queued: it still runs, so undo it.
+                await self._rollback(conn)
+                raise
+            tx = _SQLiteTransaction(conn)
+            try:
+                yield tx
+            except BaseException:
+                tx._active = False
+                await self._rollback(conn)
+                raise
+            tx._active = False
+            await self._commit(conn, on_commit)
+
+    async def _rollback(self, conn: aiosqlite.Connection) -> None:
+        try:
+            await conn.rollback()
+        except sqlite3.Error:
+            logger.warning("rolling back a session-store transaction failed", exc_info=True)
+
+    async def _commit(
+        self, conn: aiosqlite.Connection, on_commit: Callable[[], None] | None
+    ) -> None:
+        # The commit runs on aiosqlite's thread whatever happens to this task, so
+        # wait for its real outcome before acting on a cancellation.
+        commit = asyncio.ensure_future(conn.commit())
+        cancelled = False
+        while not commit.done():
+            try:
+                await asyncio.wait({commit})
+            except asyncio.CancelledError:
+                cancelled = True
+        error = commit.exception()
+        if error is not None:
+            await self._rollback(conn)
+            if isinstance(error, sqlite3.Error):
+                raise StorageError(f"commit failed: {error}") from error
+            raise error
+        if on_commit is not None:
+            on_commit()
+        if cancelled:
+            raise asyncio.CancelledError
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """An ``async with`` block running SQL in one write transaction (``BEGIN IMMEDIATE``).
+
+        Commits when the block ends normally, rolls back on any exception. Inside
+        the block use only the yielded ``Transaction``, not the store itself.
+        """
+        async with self._transaction(write=True) as tx:
+            yield tx
+
+    # -- sessions -------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def session_lock(self, session_id: str) -> AsyncIterator[None]:
+        """Serialise turns of ``session_id`` across every store instance on this file.
+
+        Not re-entrant. Locks are keyed by (resolved database path, session id)
+        and exist only while held or awaited.
+        """
+        validate_session_id(session_id)
+        async with _SHARED_SESSION_LOCKS.hold((await self._namespace(), session_id)):
+            yield
+
+    async def _namespace(self) -> Hashable:
+        if self._lock_namespace is None:
+            self._lock_namespace = (
+                "file",
+                await asyncio.to_thread(os.path.realpath, self._db_path),
+            )
+        return self._lock_namespace
+
+    async def get_or_create(
+        self,
+        session_id: str,
+        default_agent: Agent,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SessionContext:
+        """Load the session, or create (and store) it with ``default_agent`` and ``metadata``.
+
+        ``metadata`` is used only when the session is created.
+        """
+        validate_session_id(session_id)
+        fresh = SessionContext(session_id, default_agent, self._default_max_turns, metadata)
+        metadata_json = dump_metadata(fresh.metadata)
+        now = _iso(self.now())
+        async with self._transaction(write=True) as tx:
+            row = await tx.fetchone(
+                "SELECT active_agent_name, metadata_json, created_at "
+                "FROM chatflow_sessions WHERE session_id = ?",
+                (session_id,),
+            )
+            if row is None:
+                await tx.execute(
+                    "INSERT INTO chatflow_sessions (session_id, active_agent_name, "
+                    "metadata_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+                    (session_id, default_agent.name, metadata_json, now, now),
+                )
+                messages: list[tuple[Any, ...]] = []
+            else:
+                messages = await self._read_messages(tx, session_id)
+        if row is None:
+            fresh._mark_saved(_Changes((), (), True), now)
+            context = fresh
+        else:
+            context = self._build(session_id, row, messages, fallback=default_agent)
+        self._track(context)
+        return context
+
+    async def get(self, session_id: str) -> SessionContext | None:
+        """A fresh context for the stored session, or ``None``."""
+        validate_session_id(session_id)
+        async with self._transaction(write=False) as tx:
+            row = await tx.fetchone(
+                "SELECT active_agent_name, metadata_json, created_at "
+                "FROM chatflow_sessions WHERE session_id = ?",
+                (session_id,),
+            )
+            messages = [] if row is None else await self._read_messages(tx, session_id)
+        if row is None:
+            return None
+        context = self._build(session_id, row, messages)
+        self._track(context)
+        return context
+
+    async def _read_messages(self, tx: Transaction, session_id: str) -> list[tuple[Any, ...]]:
+        return await tx.fetchall(
+            "SELECT seq, message_json FROM chatflow_messages WHERE session_id = ? ORDER BY seq",
+            (session_id,),
+        )
+
+    def _build(
+        self,
+        session_id: str,
+        row: tuple[Any, ...],
+        messages: list[tuple[Any, ...]],
+        *,
+        fallback: Agent | None = None,
+    ) -> SessionContext:
+        agent_name, metadata_json, created_at = row
+        try:
+            metadata = json.loads(metadata_json)
+        except (TypeError, ValueError):
+            metadata = None
+        if not isinstance(metadata, dict):
+            logger.warning(
+                "session %s: unreadable metadata replaced by {}", log_session_id(session_id)
+            )
+            metadata = {}
+        entries: list[tuple[int, Message]] = []
+        seqs: list[int] = []
+        for seq, message_json in messages:
+            seqs.append(int(seq))
+            try:
+                entries.append((int(seq), Message.model_validate_json(message_json)))
+            except (TypeError, ValueError) as exc:
+                # The row is deleted by the next save; its text never reaches the log.
+                logger.warning(
+                    "session %s: skipping unreadable message row seq=%s (%s)",
+                    log_session_id(session_id),
+                    seq,
+                    type(exc).__name__,
+                )
+        agent = self._resolve_agent(str(agent_name), fallback)
+        return SessionContext._restore(
+            session_id,
+            agent,
+            self._default_max_turns,
+            metadata,
+            entries,
+            seqs,
+            str(created_at),
+        )
+
+    async def save(self, session: SessionContext, *, also: SaveHook | None = None) -> None:
+        """Write the session's changes in one transaction (O(messages added or pruned)).
+
+        ``also(tx)`` runs last inside the same transaction: everything commits
+        together or nothing does, and on failure the session stays unsaved (a
+        later save writes the same changes). Raises ``SessionDeletedError`` if
+        the session was deleted (by any holder) since it was loaded, and
+        ``StorageError`` if another holder saved newer messages meanwhile.
+        """
+        session_id = session.session_id
+        if session.deleted:
+            raise SessionDeletedError(f"session {log_session_id(session_id)} was deleted")
+        changes = session._pending_changes()
+        metadata_json = dump_metadata(session.metadata)
+        agent_name = session.active_agent.name
+        now = _iso(self.now())
+        inserts = [
+            (
+                session_id,
+                entry.seq,
+                entry.message.role.value,
+                entry.message.model_dump_json(),
+                _iso(entry.message.created_at),
+            )
+            for entry in changes.inserts
+        ]
+        # Known before commit in every branch below; a new row is born now.
+        incarnation = session._incarnation or now
+
+        def committed() -> None:
+            session._mark_saved(changes, incarnation)
+
+        async with self._transaction(write=True, on_commit=committed) as tx:
+            row = await tx.fetchone(
+                "SELECT created_at FROM chatflow_sessions WHERE session_id = ?", (session_id,)
+            )
+            if not changes.replace:
+                if row is None or row[0] != session._incarnation:
+                    session._mark_deleted()
+                    raise SessionDeletedError(f"session {log_session_id(session_id)} was deleted")
+            elif row is None:
+                await tx.execute(
+                    "INSERT INTO chatflow_sessions (session_id, active_agent_name, "
+                    "metadata_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+                    (session_id, agent_name, metadata_json, now, now),
+                )
+            else:
+                # A context that was never loaded replaces whatever the store holds.
+                incarnation = str(row[0])
+                await tx.execute(
+                    "DELETE FROM chatflow_messages WHERE session_id = ?", (session_id,)
+                )
+            if row is not None:
+                await tx.execute(
+                    "UPDATE chatflow_sessions SET active_agent_name = ?, metadata_json = ?, "
+                    "updated_at = ? WHERE session_id = ?",
+                    (agent_name, metadata_json, now, session_id),
+                )
+            if changes.deletes:
+                await tx.executemany(
+                    "DELETE FROM chatflow_messages WHERE session_id = ? AND seq BETWEEN ? AND ?",
+                    [(session_id, first, last) for first, last in seq_runs(changes.deletes)],
+                )
+            if inserts:
+                try:
+                    await tx.executemany(_INSERT_MESSAGE_SQL, inserts)
+                except StorageError as exc:
+                    if isinstance(exc.__cause__, sqlite3.IntegrityError):
+                        raise StorageError(
+                            f"session {log_session_id(session_id)} changed in the store since "
+                            "this context was loaded; load it again "
+                            "(hold session_lock for a whole turn)"
+                        ) from exc.__cause__
+                    raise
+            if also is not None:
+                await also(tx)
+        self._track(session)
+
+    async def delete(self, session_id: str) -> bool:
+        """Delete the session and (by cascade) its messages; ``True`` if it existed."""
+        validate_session_id(session_id)
+        async with self._transaction(write=True) as tx:
+            deleted = await tx.execute(
+                "DELETE FROM chatflow_sessions WHERE session_id = ?", (session_id,)
+            )
+        self._mark_deleted(session_id)
+        return deleted > 0
+
+    async def list_sessions(self) -> list[str]:
+        """Ids of all stored sessions, most recently updated first."""
+        async with self._transaction(write=False) as tx:
+            rows = await tx.fetchall(
+                "SELECT session_id FROM chatflow_sessions ORDER BY updated_at DESC, session_id"
+            )
+        return [str(row[0]) for row in rows]
+
+    # -- dedup ----------------------------------------------------------------------
+
+    async def claim_message(self, message_id: str) -> bool:
+        """Atomically claim ``message_id``: ``True`` only for the first claim within the TTL."""
+        _check_message_id(message_id)
+        async with self._transaction(write=True) as tx:
+            return await self.claim_in(tx, message_id)
+
+    async def claim_in(self, tx: Transaction, message_id: str) -> bool:
+        """Claim ``message_id`` inside ``tx`` (a transaction of this store).
+
+        An id whose claim expired counts as unclaimed even before it is purged.
+        """
+        _check_message_id(message_id)
+        now = self.now()
+        await self._maybe_purge_in(tx, now)
+        changed = await tx.execute(
+            _CLAIM_SQL, (message_id, now.timestamp(), (now - self._dedup_ttl).timestamp())
+        )
+        return changed > 0
+
+    async def is_message_processed(self, message_id: str) -> bool:
+        """True if ``message_id`` was claimed or marked within the TTL."""
+        _check_message_id(message_id)
+        cutoff = (self.now() - self._dedup_ttl).timestamp()
+        async with self._transaction(write=False) as tx:
+            row = await tx.fetchone(
+                "SELECT 1 FROM chatflow_processed_messages "
+                "WHERE message_id = ? AND processed_at >= ?",
+                (message_id, cutoff),
+            )
+        return row is not None
+
+    async def mark_message_processed(self, message_id: str) -> None:
+        """Record ``message_id`` as processed now."""
+        _check_message_id(message_id)
+        now = self.now()
+        async with self._transaction(write=True) as tx:
+            await self._maybe_purge_in(tx, now)
+            await tx.execute(_MARK_SQL, (message_id, now.timestamp()))
+
+    async def purge_expired_claims(self, batch_size: int = PURGE_BATCH_SIZE) -> int:
+        """Delete up to ``batch_size`` expired dedup ids (by index); return how many went."""
+        if batch_size <= 0:
+            raise ValueError("batch_size must be positive")
+        now = self.now()
+        async with self._transaction(write=True) as tx:
+            return await self._purge_in(tx, now, batch_size)
+
+    async def _maybe_purge_in(self, tx: Transaction, now: datetime) -> None:
+        if self._purge_due(now):
+            await self._purge_in(tx, now, PURGE_BATCH_SIZE)
+
+    async def _purge_in(self, tx: Transaction, now: datetime, batch_size: int) -> int:
+        deleted = await tx.execute(_PURGE_SQL, ((now - self._dedup_ttl).timestamp(), batch_size))
+        deleted = max(deleted, 0)
+        self._purge_done(now, deleted, batch_size)
+        if deleted:
+            logger.debug("purged %d expired dedup ids", deleted)
+        return deleted

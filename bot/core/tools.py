@@ -1,0 +1,402 @@
+"""Function tools: typed Python functions the model may call.
+
+``@tool`` reads a function's signature and docstring once, builds a pydantic
+model for its arguments (the JSON schema the model sees) and wraps the call so
+that nothing a tool does can crash a turn: invalid arguments, exceptions and
+timeouts all come back to the model as an error result it can react to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import PydanticSerializationError, to_json
+
+__all__ = [
+    "DEFAULT_TOOL_TIMEOUT",
+    "FunctionTool",
+    "ParsedDocstring",
+    "ToolContext",
+    "build_json_schema",
+    "error_result",
+    "parse_docstring",
+    "tool",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOOL_TIMEOUT = 30.0
+"""Seconds a tool may run before it is cancelled and reported as timed out."""
+
+_TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SECTION_RE = re.compile(
+    r"^(Args|Arguments|Parameters|Params|Returns|Return|Yields|Raises|Examples?|Notes?|"
+    r"Attributes|See Also|Warnings?)\s*:\s*$",
+    re.IGNORECASE,
+)
+_ARG_SECTIONS = {"args", "arguments", "parameters", "params"}
+_ARG_LINE_RE = re.compile(r"^\*{0,2}(\w+)\s*(?:\(([^)]*)\))?\s*:\s*(.*)$")
+_MAX_ERROR_TEXT = 500
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may know about the turn that called it.
+
+    Declare it as a tool's first parameter (annotated ``ToolContext``) to get
+    it; it is injected by the runner and never shown to the model.
+    """
+
+    session_id: str
+    """The session the turn runs in."""
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """A read-only snapshot of the session's metadata."""
+    inbound_message_id: str | None = None
+    """Platform id of the message that started the turn: an idempotency key for
+    tools with side effects (the same inbound message may be re-run after a crash)."""
+    agent_name: str = ""
+    """Name of the agent whose model requested the call."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metadata, MappingProxyType):
+            object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+
+
+def error_result(message: str) -> str:
+    """The text a failed tool call returns to the model: ``{"error": message}``."""
+    return json.dumps({"error": message}, ensure_ascii=False)
+
+
+def _serialise(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    try:
+        return to_json(value).decode()
+    except (PydanticSerializationError, TypeError, ValueError):
+        return str(value)
+
+
+@dataclass(frozen=True)
+class ParsedDocstring:
+    """The parts of a Google-style docstring a tool schema uses."""
+
+    description: str
+    """Text before the first section header, paragraphs joined."""
+    params: Mapping[str, str]
+    """Parameter name -> description, from the ``Args:`` section."""
+
+
+def parse_docstring(doc: str | None) -> ParsedDocstring:
+    """Split a Google-style docstring into its description and ``Args:`` entries."""
+    if not doc:
+        return ParsedDocstring("", {})
+    lines = inspect.cleandoc(doc).splitlines()
+    description: list[str] = []
+    params: dict[str, str] = {}
+    section: str | None = None
+    current: str | None = None
+    arg_indent: int | None = None
+    for raw in lines:
+        stripped = raw.strip()
+        header = _SECTION_RE.match(stripped)
+        if header and (len(raw) - len(raw.lstrip())) == 0:
+            section = header.group(1).lower()
+            current = None
+            arg_indent = None
+            continue
+        if section is None:
+            description.append(stripped)
+            continue
+        if section not in _ARG_SECTIONS or not stripped:
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        if arg_indent is None:
+            arg_indent = indent
+        match = _ARG_LINE_RE.match(stripped)
+        if indent <= arg_indent and match:
+            current = match.group(1)
+            params[current] = match.group(3).strip()
+        elif current is not None:
+            params[current] = f"{params[current]} {stripped}".strip()
+    paragraphs: list[str] = []
+    chunk: list[str] = []
+    for line in description:
+        if line:
+            chunk.append(line)
+        elif chunk:
+            paragraphs.append(" ".join(chunk))
+            chunk = []
+    if chunk:
+        paragraphs.append(" ".join(chunk))
+    return ParsedDocstring("\n\n".join(paragraphs), params)
+
+
+def _clean_schema(node: Any, *, in_name_map: bool = False) -> Any:
+    """Drop pydantic's titles and close every object (``additionalProperties: false``)."""
+    if isinstance(node, list):
+        return [_clean_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if in_name_map:
+        # Keys here are property or definition names, never schema keywords.
+        return {key: _clean_schema(value) for key, value in node.items()}
+    cleaned: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title":
+            continue
+        cleaned[key] = _clean_schema(value, in_name_map=key in ("properties", "$defs"))
+    if cleaned.get("type") == "object" or "properties" in cleaned:
+        cleaned.setdefault("properties", {})
+        cleaned["additionalProperties"] = False
+    return cleaned
+
+
+def _refs_in(node: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            found.add(ref.removeprefix("#/$defs/"))
+        for value in node.values():
+            found |= _refs_in(value)
+    elif isinstance(node, list):
+        for item in node:
+            found |= _refs_in(item)
+    return found
+
+
+def _is_recursive(name: str, defs: Mapping[str, Any]) -> bool:
+    seen: set[str] = set()
+    stack = list(_refs_in(defs.get(name)))
+    while stack:
+        current = stack.pop()
+        if current == name:
+            return True
+        if current in seen:
+            continue
+        seen.add(current)
+        stack.extend(_refs_in(defs.get(current)))
+    return False
+
+
+def _inline_refs(node: Any, defs: Mapping[str, Any], keep: set[str]) -> Any:
+    """Replace ``$ref`` to non-recursive definitions by the definition itself.
+
+    Several providers (Gemini's endpoint among them) handle inline schemas
+    better than ``$defs`` references.
+    """
+    if isinstance(node, list):
+        return [_inline_refs(item, defs, keep) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        name = ref.removeprefix("#/$defs/")
+        if name not in keep and name in defs:
+            merged = copy.deepcopy(_inline_refs(defs[name], defs, keep))
+            for key, value in node.items():
+                if key != "$ref":
+                    merged[key] = _inline_refs(value, defs, keep)
+            return merged
+    return {key: _inline_refs(value, defs, keep) for key, value in node.items()}
+
+
+def build_json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema a model sees for an arguments model: closed objects, refs inlined."""
+    schema = _clean_schema(model.model_json_schema())
+    defs: dict[str, Any] = schema.pop("$defs", {})
+    keep = {name for name in defs if _is_recursive(name, defs)}
+    result: dict[str, Any] = _inline_refs(schema, defs, keep)
+    if keep:
+        result["$defs"] = {name: _inline_refs(defs[name], defs, keep) for name in sorted(keep)}
+    result.setdefault("required", [])
+    return result
+
+
+def _describe_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = ".".join(str(part) for part in err.get("loc", ())) or "arguments"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def _truncate(text: str, limit: int = _MAX_ERROR_TEXT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True, eq=False)
+class FunctionTool:
+    """A tool the model can call: its public description plus the wrapped function."""
+
+    name: str
+    """Name the model calls it by (``^[A-Za-z0-9_-]{1,64}$``)."""
+    description: str
+    """What it does, for the model."""
+    params_json_schema: Mapping[str, Any]
+    """JSON schema of the arguments object (closed: ``additionalProperties`` false)."""
+    function: Callable[..., Any] = field(repr=False)
+    """The decorated function, unchanged."""
+    args_model: type[BaseModel] = field(repr=False)
+    """Pydantic model the arguments are validated with before each call."""
+    takes_context: bool = False
+    """Whether the function's first parameter receives a ``ToolContext``."""
+    timeout: float | None = DEFAULT_TOOL_TIMEOUT
+    """Seconds before the call is cancelled and reported as timed out; ``None``: never."""
+
+    async def invoke(self, ctx: ToolContext, arguments: Mapping[str, Any]) -> str:
+        """Validate ``arguments``, run the function and return its result as text.
+
+        Never raises for a tool's own failure: invalid arguments, an exception
+        or a timeout become an ``{"error": ...}`` result for the model. Only
+        cancellation of the caller propagates.
+        """
+        try:
+            parsed = self.args_model.model_validate(dict(arguments))
+        except ValidationError as exc:
+            return error_result(
+                f"invalid arguments for tool '{self.name}': {_describe_validation_error(exc)}"
+            )
+        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        args: tuple[Any, ...] = (ctx,) if self.takes_context else ()
+        try:
+            async with asyncio.timeout(self.timeout) as scope:
+                value = await self._call(args, kwargs)
+        except TimeoutError as exc:
+            if scope.expired():
+                logger.warning("Tool %s timed out after %s s", self.name, self.timeout)
+                return error_result(f"tool '{self.name}' timed out after {self.timeout:g} s")
+            return self._failure(exc)
+        except Exception as exc:
+            return self._failure(exc)
+        return _serialise(value)
+
+    def _failure(self, exc: Exception) -> str:
+        logger.warning("Tool %s raised %s", self.name, type(exc).__name__)
+        text = str(exc)
+        detail = f"{type(exc).__name__}: {_truncate(text)}" if text else type(exc).__name__
+        return error_result(f"tool '{self.name}' failed: {detail}")
+
+    async def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if inspect.iscoroutinefunction(self.function):
+            return await self.function(*args, **kwargs)
+        # A sync tool may block (HTTP, disk): keep it off the event loop. On a
+        # timeout the thread cannot be killed; it finishes in the background.
+        value = await asyncio.to_thread(self.function, *args, **kwargs)
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+
+def _tool_from_function(
+    fn: Callable[..., Any],
+    *,
+    name: str | None,
+    description: str | None,
+    timeout: float | None,
+) -> FunctionTool:
+    if isinstance(fn, FunctionTool):
+        raise TypeError(f"{fn.name!r} is already a tool")
+    if not callable(fn):
+        raise TypeError(f"@tool needs a function, got {type(fn).__name__}")
+    tool_name: str = name if name is not None else str(getattr(fn, "__name__", ""))
+    if not _TOOL_NAME_RE.match(tool_name):
+        raise ValueError(f"tool name {tool_name!r} must match ^[A-Za-z0-9_-]{{1,64}}$")
+    if timeout is not None and timeout <= 0:
+        raise ValueError("tool timeout must be positive (or None for no limit)")
+    signature = inspect.signature(fn)
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except NameError as exc:
+        raise TypeError(f"tool {tool_name!r}: cannot resolve a type hint: {exc}") from exc
+    doc = parse_docstring(inspect.getdoc(fn))
+    fields: dict[str, Any] = {}
+    takes_context = False
+    for index, param in enumerate(signature.parameters.values()):
+        annotation = hints.get(param.name, Any)
+        if annotation is ToolContext:
+            if index != 0:
+                raise TypeError(f"tool {tool_name!r}: ToolContext must be the first parameter")
+            takes_context = True
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"tool {tool_name!r}: *args and **kwargs are not supported")
+        if param.kind is param.POSITIONAL_ONLY:
+            raise TypeError(f"tool {tool_name!r}: positional-only parameters are not supported")
+        if param.name.startswith("_"):
+            raise TypeError(f"tool {tool_name!r}: parameter names may not start with '_'")
+        field_kwargs: dict[str, Any] = {}
+        if doc.params.get(param.name):
+            field_kwargs["description"] = doc.params[param.name]
+        if param.default is not inspect.Parameter.empty:
+            field_kwargs["default"] = param.default
+        fields[param.name] = (annotation, Field(**field_kwargs))
+    model_name = f"{tool_name}_args"
+    args_model: type[BaseModel] = create_model(
+        model_name,
+        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
+        **fields,
+    )
+    try:
+        schema = build_json_schema(args_model)
+    except Exception as exc:  # pydantic raises several types for unsupported hints
+        raise TypeError(f"tool {tool_name!r}: cannot build a JSON schema: {exc}") from exc
+    tool_description = description if description is not None else doc.description
+    return FunctionTool(
+        name=tool_name,
+        description=tool_description or tool_name.replace("_", " "),
+        params_json_schema=schema,
+        function=fn,
+        args_model=args_model,
+        takes_context=takes_context,
+        timeout=timeout,
+    )
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> FunctionTool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
+    """Turn a typed function (sync or async) into a ``FunctionTool``.
+
+    Use bare (``@tool``) or with options (``@tool(name=..., description=...,
+    timeout=...)``). The schema comes from the type hints, the description
+    from the docstring's text and the parameter descriptions from its
+    ``Args:`` section. A first parameter annotated ``ToolContext`` is injected.
+    """
+    if fn is not None:
+        return _tool_from_function(fn, name=name, description=description, timeout=timeout)
+
+    def decorate(func: Callable[..., Any]) -> FunctionTool:
+        return _tool_from_function(func, name=name, description=description, timeout=timeout)
+
+    return decorate

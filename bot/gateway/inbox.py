@@ -1,0 +1,305 @@
+"""The inbound journal: dedup claim plus a durable copy of every accepted message.
+
+``accept`` runs tx 1 of a message's path (DESIGN §2): the dedup claim and the
+inbox row commit together, after which the platform may be told "got it". The
+turn's own transaction (tx 2) marks the row ``done`` through ``mark_done_in``.
+A row still ``received`` at start-up belongs to a turn that never committed:
+``recover`` hands it back to be run again, unless it is too old to be worth
+answering (``expired``) or has already been retried too often (poison).
+
+Rows hold raw ids and the message text because a re-run needs them; they are
+pruned after ``RETENTION``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Literal
+
+from bot.core.memory import Transaction
+from bot.core.sqlite_store import SQLiteSessionStore
+from bot.gateway.events import MessageEvent, SessionSource
+from bot.gateway.keys import hash_id
+from bot.gateway.schema import ensure_schema
+
+__all__ = [
+    "MAX_RECOVERIES",
+    "RETENTION",
+    "Inbox",
+    "InboxEntry",
+    "InboxState",
+    "event_from_dict",
+    "event_to_dict",
+]
+
+logger = logging.getLogger(__name__)
+
+InboxState = Literal["received", "done", "expired"]
+
+MAX_RECOVERIES: Final = 3
+"""A message re-run this many times at start-up without committing is given up."""
+
+RETENTION: Final = timedelta(days=7)
+"""Done and expired rows are pruned after this long (below the 8-day dedup TTL)."""
+
+GAVE_UP_ERROR: Final = f"gave up after {MAX_RECOVERIES} attempts"
+
+_COMPONENT = "inbox"
+_TABLE = "chatflow_inbox"
+_PRUNE_BATCH = 500
+_MIGRATIONS: Final = {
+    1: (
+        f"CREATE TABLE IF NOT EXISTS {_TABLE} ("
+        "message_id TEXT PRIMARY KEY NOT NULL, "
+        "platform TEXT NOT NULL, "
+        "session_key TEXT NOT NULL, "
+        "session_id TEXT NOT NULL, "
+        "event_json TEXT NOT NULL, "
+        "state TEXT NOT NULL CHECK (state IN ('received', 'done', 'expired')), "
+        "error TEXT, "
+        "attempts INTEGER NOT NULL DEFAULT 0, "
+        "received_at REAL NOT NULL, "
+        "updated_at REAL NOT NULL)",
+        f"CREATE INDEX IF NOT EXISTS {_TABLE}_state_received ON {_TABLE} (state, received_at)",
+    ),
+}
+
+
+def _epoch(moment: datetime) -> float:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def event_to_dict(event: MessageEvent) -> dict[str, Any]:
+    """A JSON-ready dict of ``event`` without its ``raw`` platform payload."""
+    data: dict[str, Any] = {}
+    for f in dataclasses.fields(event):
+        if f.name == "raw":
+            continue
+        value = getattr(event, f.name)
+        if f.name == "source":
+            value = dataclasses.asdict(value)
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        data[f.name] = value
+    return data
+
+
+def event_from_dict(data: dict[str, Any]) -> MessageEvent:
+    """Rebuild a ``MessageEvent`` from ``event_to_dict``'s output (``raw`` comes back empty).
+
+    Unknown keys are ignored so rows written by a newer version still load.
+    """
+    names = {f.name for f in dataclasses.fields(MessageEvent)} - {"raw"}
+    kwargs = {k: v for k, v in data.items() if k in names}
+    source_names = {f.name for f in dataclasses.fields(SessionSource)}
+    kwargs["source"] = SessionSource(
+        **{k: v for k, v in dict(data["source"]).items() if k in source_names}
+    )
+    if isinstance(kwargs.get("timestamp"), str):
+        kwargs["timestamp"] = datetime.fromisoformat(kwargs["timestamp"])
+    return MessageEvent(**kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEntry:
+    """A message accepted earlier whose turn never committed, handed back to be run."""
+
+    event: MessageEvent
+    """The message as accepted (without ``raw``)."""
+    session_key: str
+    """The session key it was routed to."""
+    session_id: str
+    """The session id its turn runs in."""
+    received_at: datetime
+    """When ``accept`` stored it (UTC)."""
+    attempts: int
+    """How many times it has been recovered, this recovery included."""
+
+
+class Inbox:
+    """Inbound journal in the session store's database (table ``chatflow_inbox``)."""
+
+    def __init__(
+        self,
+        store: SQLiteSessionStore,
+        *,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self._store = store
+        self._clock = clock or store.now
+        self._opened = False
+
+    async def open(self) -> None:
+        """Create or migrate the inbox table; idempotent."""
+        async with self._store.transaction() as tx:
+            await ensure_schema(tx, _COMPONENT, _MIGRATIONS)
+        self._opened = True
+
+    async def _ensure_open(self) -> None:
+        if not self._opened:
+            await self.open()
+
+    async def accept(self, event: MessageEvent, *, session_key: str, session_id: str) -> bool:
+        """Journal ``event``: ``True`` the first time, ``False`` for a duplicate.
+
+        One transaction holds the dedup claim and the inbox row, so a crash
+        leaves either both or neither. Raises ``StorageError`` when the database
+        fails; the adapter must then not confirm the update to its platform.
+        """
+        await self._ensure_open()
+        now = _epoch(self._clock())
+        payload = json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
+        async with self._store.transaction() as tx:
+            if not await self._store.claim_in(tx, event.message_id):
+                return False
+            inserted = await tx.execute(
+                f"INSERT INTO {_TABLE} (message_id, platform, session_key, session_id, "
+                "event_json, state, error, attempts, received_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, 'received', NULL, 0, ?, ?) "
+                "ON CONFLICT(message_id) DO NOTHING",
+                (event.message_id, event.platform, session_key, session_id, payload, now, now),
+            )
+        # An existing row means the message was journaled before the dedup id
+        # expired: still a duplicate.
+        return inserted == 1
+
+    async def mark_done_in(
+        self, tx: Transaction, message_id: str, error: str | None = None
+    ) -> bool:
+        """Mark a message ``done`` inside the caller's transaction (the turn's tx 2).
+
+        Returns whether a row was updated. Errors propagate: the turn
+        transaction must roll back with them.
+        """
+        changed = await tx.execute(
+            f"UPDATE {_TABLE} SET state = 'done', error = ?, updated_at = ? "
+            "WHERE message_id = ? AND state != 'done'",
+            (error, _epoch(self._clock()), message_id),
+        )
+        return changed > 0
+
+    async def mark_done(self, message_id: str, error: str | None = None) -> bool:
+        """Mark a message ``done`` in its own transaction (a turn that failed for good).
+
+        Raises ``StorageError`` when the database fails; the row then stays
+        ``received`` and is offered again by the next ``recover``.
+        """
+        await self._ensure_open()
+        async with self._store.transaction() as tx:
+            return await self.mark_done_in(tx, message_id, error)
+
+    async def recover(self, freshness_seconds: float) -> list[InboxEntry]:
+        """Hand back the messages whose turn never committed, oldest first.
+
+        Call it once at start-up, before adapters deliver new messages: a
+        ``received`` row of a turn still running in this process would be run
+        twice. Rows older than ``freshness_seconds`` become ``expired`` (an
+        answer hours late is worse than none); rows already recovered
+        ``MAX_RECOVERIES`` times are marked ``done`` with an error (a message
+        that crashes the process must not crash it forever). Each returned
+        entry has had its ``attempts`` counted.
+        """
+        await self._ensure_open()
+        now_dt = self._clock()
+        now = _epoch(now_dt)
+        cutoff = now - freshness_seconds
+        entries: list[InboxEntry] = []
+        expired = 0
+        async with self._store.transaction() as tx:
+            rows = await tx.fetchall(
+                f"SELECT message_id, session_key, session_id, event_json, attempts, received_at "
+                f"FROM {_TABLE} WHERE state = 'received' ORDER BY received_at, message_id",
+                (),
+            )
+            for message_id, session_key, session_id, event_json, attempts, received_at in rows:
+                if float(received_at) < cutoff:
+                    await tx.execute(
+                        f"UPDATE {_TABLE} SET state = 'expired', updated_at = ? "
+                        "WHERE message_id = ?",
+                        (now, message_id),
+                    )
+                    expired += 1
+                    continue
+                if int(attempts) >= MAX_RECOVERIES:
+                    await self._give_up(tx, message_id, GAVE_UP_ERROR, now)
+                    continue
+                try:
+                    event = event_from_dict(json.loads(event_json))
+                except (ValueError, TypeError, KeyError):
+                    await self._give_up(tx, message_id, "unreadable inbox row", now)
+                    continue
+                await tx.execute(
+                    f"UPDATE {_TABLE} SET attempts = attempts + 1, updated_at = ? "
+                    "WHERE message_id = ?",
+                    (now, message_id),
+                )
+                entries.append(
+                    InboxEntry(
+                        event=event,
+                        session_key=str(session_key),
+                        session_id=str(session_id),
+                        received_at=datetime.fromtimestamp(float(received_at), UTC),
+                        attempts=int(attempts) + 1,
+                    )
+                )
+        if expired:
+            logger.warning(
+                "%d unanswered message(s) older than %.0f s expired at start-up",
+                expired,
+                freshness_seconds,
+            )
+        if entries:
+            logger.info("re-running %d message(s) whose turn never committed", len(entries))
+        return entries
+
+    async def _give_up(self, tx: Transaction, message_id: str, reason: str, now: float) -> None:
+        await tx.execute(
+            f"UPDATE {_TABLE} SET state = 'done', error = ?, updated_at = ? WHERE message_id = ?",
+            (reason, now, message_id),
+        )
+        logger.warning("inbox message %s marked done: %s", _ref(message_id), reason)
+
+    async def prune(self, older_than: timedelta = RETENTION) -> int:
+        """Delete ``done``/``expired`` rows received more than ``older_than`` ago.
+
+        Works in batches, each its own short transaction, so a large backlog
+        never holds the database lock for long. Returns the number deleted.
+        """
+        await self._ensure_open()
+        cutoff = _epoch(self._clock()) - older_than.total_seconds()
+        total = 0
+        while True:
+            async with self._store.transaction() as tx:
+                deleted = await tx.execute(
+                    f"DELETE FROM {_TABLE} WHERE rowid IN (SELECT rowid FROM {_TABLE} "
+                    "WHERE state IN ('done', 'expired') AND received_at < ? LIMIT ?)",
+                    (cutoff, _PRUNE_BATCH),
+                )
+            total += deleted
+            if deleted < _PRUNE_BATCH:
+                break
+        if total:
+            logger.debug("pruned %d inbox row(s)", total)
+        return total
+
+    async def counts(self) -> dict[str, int]:
+        """Number of rows per state (every state present, zero included)."""
+        await self._ensure_open()
+        result = {"received": 0, "done": 0, "expired": 0}
+        async with self._store.transaction() as tx:
+            rows = await tx.fetchall(f"SELECT state, COUNT(*) FROM {_TABLE} GROUP BY state", ())
+        for state, count in rows:
+            result[str(state)] = int(count)
+        return result
+
+
+def _ref(message_id: str) -> str:
+    """A log-safe reference to a message id (ids can embed chat ids or phone numbers)."""
+    return f"msg_{hash_id(message_id)}"

@@ -1,0 +1,205 @@
+"""Hashing of external ids, session keys and the installation secret.
+
+External ids (phone numbers, user ids, chat ids) never reach the session
+tables: they are hashed into ``user_<12hex>`` / ``chat_<12hex>``. The gateway
+keys the hash with the installation secret (HMAC-SHA256), because a plain
+SHA-256 of a phone number can be reversed by enumerating numbers.
+
+A session key is a logical routing key and may contain ``/`` (Google-Chat
+threads); the ``session_id`` derived from it is always safe as a file name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import stat
+from pathlib import Path
+
+from bot.core.paths import is_path_unsafe, is_session_key_unsafe
+from bot.errors import ConfigurationError
+from bot.gateway.events import SessionSource
+
+__all__ = [
+    "KEY_PREFIX",
+    "SECRET_FILE_NAME",
+    "aload_or_create_secret",
+    "build_session_key",
+    "hash_chat_id",
+    "hash_id",
+    "hash_sender_id",
+    "is_path_unsafe",
+    "is_session_key_unsafe",
+    "load_or_create_secret",
+    "session_id_for",
+]
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "agent:main"
+"""First two segments of every session key."""
+
+SECRET_FILE_NAME = "secret.key"
+"""Name of the installation secret inside the data directory."""
+
+_SECRET_BYTES = 32
+_PLATFORM_RE = re.compile(r"[a-z0-9_]+")
+_ID_PLATFORM_RE = re.compile(r"[^a-z0-9_]")
+
+
+def hash_id(value: str, secret: bytes | None = None) -> str:
+    """First 12 hex chars of SHA-256 of ``value`` (HMAC-SHA256 keyed by ``secret`` if given)."""
+    data = value.encode("utf-8")
+    if secret is None:
+        return hashlib.sha256(data).hexdigest()[:12]
+    return hmac.new(secret, data, hashlib.sha256).hexdigest()[:12]
+
+
+def hash_sender_id(value: str, secret: bytes | None = None) -> str:
+    """Hash a sender id to ``user_<12hex>``."""
+    return f"user_{hash_id(value, secret)}"
+
+
+def hash_chat_id(value: str, secret: bytes | None = None) -> str:
+    """Hash a chat id to ``chat_<12hex>``."""
+    return f"chat_{hash_id(value, secret)}"
+
+
+def build_session_key(
+    source: SessionSource,
+    group_sessions_per_user: bool = True,
+    *,
+    secret: bytes | None = None,
+) -> str:
+    """The logical session key of a message's origin.
+
+    - DM: ``agent:main:<platform>:dm:<chat>`` (a thread id is ignored in DMs);
+    - group/channel: ``agent:main:<platform>:<group|channel>:<chat>[:topic:<thread>]``
+      plus ``:user:<sender>`` when ``group_sessions_per_user`` and there is no
+      thread: everyone in one topic/thread shares its session.
+
+    ``<chat>``/``<sender>`` are the hashed forms. Thread ids are kept verbatim
+    (slashes included) but must pass ``is_session_key_unsafe``; an unsafe thread
+    id or a platform name outside ``[a-z0-9_]`` raises ``ValueError``.
+    """
+    platform = source.platform
+    if not _PLATFORM_RE.fullmatch(platform):
+        raise ValueError(f"platform name must match [a-z0-9_]+, not {platform!r}")
+    chat = hash_chat_id(source.chat_id, secret)
+    if source.chat_type == "dm":
+        key = f"{KEY_PREFIX}:{platform}:dm:{chat}"
+    else:
+        key = f"{KEY_PREFIX}:{platform}:{source.chat_type}:{chat}"
+        thread = source.thread_id or None
+        if thread is not None:
+            if is_session_key_unsafe(thread):
+                raise ValueError("thread id is not safe inside a session key")
+            key += f":topic:{thread}"
+        elif group_sessions_per_user:
+            key += f":user:{hash_sender_id(source.sender_id, secret)}"
+    if is_session_key_unsafe(key):  # pragma: no cover - the parts above are all checked
+        raise ValueError("session key is unsafe")
+    return key
+
+
+def session_id_for(key: str) -> str:
+    """``<platform>-<first 16 hex of sha256(key)>``: always safe as a file name.
+
+    The platform is the key's third ``:`` segment, reduced to ``[a-z0-9_]``
+    (``session`` when nothing is left), so even an arbitrary string yields a
+    path-safe id.
+    """
+    parts = key.split(":")
+    raw_platform = parts[2] if len(parts) > 2 else ""
+    platform = _ID_PLATFORM_RE.sub("", raw_platform.lower())[:32] or "session"
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    session_id = f"{platform}-{digest}"
+    assert not is_path_unsafe(session_id), session_id
+    return session_id
+
+
+def load_or_create_secret(data_dir: Path) -> bytes:
+    """Return the installation secret, creating ``<data_dir>/secret.key`` on first start.
+
+    The file holds 32 random bytes, hex-encoded, mode 0600; it is created
+    atomically (written to a private temp file, then hard-linked into place,
+    which fails if another process won the race) so no reader ever sees a
+    half-written secret. A file with looser permissions is tightened, with a
+    warning. The value is never logged. Blocking file I/O: call it once at
+    start-up, before the event loop serves traffic (or use
+    ``aload_or_create_secret``).
+
+    Raises ``ConfigurationError`` if the file exists but does not hold a secret:
+    replacing it would silently move every user to a new session.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / SECRET_FILE_NAME
+    if not path.exists():
+        _create_secret_file(path)
+    return _read_secret_file(path)
+
+
+async def aload_or_create_secret(data_dir: Path) -> bytes:
+    """``load_or_create_secret`` in a worker thread, for callers on the event loop."""
+    return await asyncio.to_thread(load_or_create_secret, data_dir)
+
+
+def _create_secret_file(path: Path) -> None:
+    payload = (secrets.token_bytes(_SECRET_BYTES).hex() + "\n").encode("ascii")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return  # another process created it first: use theirs
+        except OSError:
+            # No hard links on this file system: fall back to an exclusive create.
+            _create_secret_exclusive(path, payload)
+        else:
+            logger.info("created a new installation secret in %s", path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _create_secret_exclusive(path: Path, payload: bytes) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, payload)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    logger.info("created a new installation secret in %s", path.parent)
+
+
+def _read_secret_file(path: Path) -> bytes:
+    if os.name == "posix":
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            logger.warning("%s was readable by others (mode %o); tightening it to 0600", path, mode)
+            os.chmod(path, 0o600)
+    text = path.read_text(encoding="ascii", errors="replace").strip()
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        secret = b""
+    if len(secret) != _SECRET_BYTES:
+        raise ConfigurationError(
+            f"{path} does not hold a {_SECRET_BYTES}-byte hex secret; restore it from a backup "
+            "or delete it to start over (every session key will change)",
+            setting="DATA_DIR",
+        )
+    return secret

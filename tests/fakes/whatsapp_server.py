@@ -1,0 +1,344 @@
+"""A fake WhatsApp Cloud (Graph) API on 127.0.0.1, served by uvicorn in-process.
+
+It answers ``POST /v<version>/<phone_id>/messages`` like Meta does: a send gets
+``{"messaging_product":"whatsapp","contacts":[...],"messages":[{"id":"wamid.…"}]}``,
+a text body over 4096 characters gets HTTP 400 with error code 100, and a
+wrong bearer token gets 401 with code 190. Tests can inject Meta errors by
+code and hangs (for client read timeouts). Every request is recorded; sends
+and read/typing receipts (``{"status":"read",...}``) are kept apart, and
+``await server.wait_for_sent(n)`` waits on a condition, never on a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import secrets
+import socket
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+__all__ = [
+    "DEFAULT_ERROR_MESSAGES",
+    "FakeWhatsAppServer",
+    "InjectedError",
+    "RecordedRequest",
+]
+
+TEXT_LIMIT = 4096
+
+DEFAULT_ERROR_MESSAGES: dict[int, tuple[int, str]] = {
+    100: (400, "(#100) Invalid parameter"),
+    4: (400, "(#4) Application request limit reached"),
+    80007: (400, "(#80007) Rate limit issues"),
+    130429: (400, "(#130429) Rate limit hit"),
+    131048: (400, "(#131048) Spam rate limit hit"),
+    131056: (400, "(#131056) (Business Account, Consumer Account) pair rate limit hit"),
+    131047: (400, "(#131047) Re-engagement message"),
+    131026: (400, "(#131026) Message Undeliverable."),
+    131000: (500, "(#131000) Something went wrong"),
+    190: (401, "Error validating access token: Session has expired"),
+}
+"""Default ``(HTTP status, message)`` per Meta error code."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request the fake received."""
+
+    path: str
+    """URL path, e.g. ``/v26.0/123/messages``."""
+    json: dict[str, Any]
+    """The decoded JSON body (``{}`` if it was not JSON)."""
+    authorization: str | None
+    """The ``Authorization`` header as sent."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """All request headers (lower-case names)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InjectedError:
+    """An error the next send(s) will get instead of success."""
+
+    code: int
+    """Meta error code."""
+    status: int
+    """HTTP status."""
+    message: str
+    """``error.message``."""
+    subcode: int | None = None
+    """``error.error_subcode``."""
+    retry_after: float | None = None
+    """Value of a ``Retry-After`` header, if any."""
+
+
+class FakeWhatsAppServer:
+    """Fake Graph API. Use ``async with FakeWhatsAppServer(...) as server``."""
+
+    def __init__(
+        self,
+        *,
+        phone_id: str = "106540352242922",
+        token: str | None = "test-token",
+        api_version: str | None = None,
+    ) -> None:
+        self.phone_id = phone_id
+        """Only ``/<this>/messages`` is served."""
+        self.token = token
+        """Expected bearer token (``None``: any)."""
+        self.api_version = api_version
+        """Expected ``v<version>`` path part (``None``: any)."""
+        self.requests: list[RecordedRequest] = []
+        """Every request, in arrival order."""
+        self.sent: list[RecordedRequest] = []
+        """Accepted message sends."""
+        self.reads: list[RecordedRequest] = []
+        """Mark-as-read / typing requests (``{"status":"read",...}``)."""
+        self.rejected: list[RecordedRequest] = []
+        """Requests answered with an error."""
+        self.hung: list[RecordedRequest] = []
+        """Requests held open by ``inject_hang``."""
+        self.port = 0
+        self._errors: deque[InjectedError] = deque()
+        self._hangs = 0
+        self._release = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.app = Starlette(
+            routes=[Route("/{version}/{phone_id}/messages", self._messages, methods=["POST"])]
+        )
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``, the adapter's ``api_base_url``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- control ---------------------------------------------------------------------------
+
+    def inject_error(
+        self,
+        code: int,
+        *,
+        times: int = 1,
+        status: int | None = None,
+        message: str | None = None,
+        subcode: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        """Make the next ``times`` sends fail with Meta error ``code``."""
+        default_status, default_message = DEFAULT_ERROR_MESSAGES.get(
+            code, (400, f"(#{code}) Error")
+        )
+        error = InjectedError(
+            code=code,
+            status=status if status is not None else default_status,
+            message=message if message is not None else default_message,
+            subcode=subcode,
+            retry_after=retry_after,
+        )
+        self._errors.extend([error] * times)
+
+    def inject_hang(self, times: int = 1) -> None:
+        """Hold the next ``times`` sends open until ``release_hangs`` or ``stop``."""
+        self._hangs += times
+
+    def release_hangs(self) -> None:
+        """Let held requests finish (they then answer 200)."""
+        self._release.set()
+
+    async def wait_for_sent(self, n: int, within: float = 5.0) -> list[RecordedRequest]:
+        """Wait until at least ``n`` sends were accepted; return them all."""
+        await self._wait(lambda: len(self.sent) >= n, within)
+        return list(self.sent)
+
+    async def wait_for_reads(self, n: int, within: float = 5.0) -> list[RecordedRequest]:
+        """Wait until at least ``n`` read/typing requests arrived; return them all."""
+        await self._wait(lambda: len(self.reads) >= n, within)
+        return list(self.reads)
+
+    async def wait_for_hung(self, n: int, within: float = 5.0) -> list[RecordedRequest]:
+        """Wait until at least ``n`` sends are being held open by ``inject_hang``."""
+        await self._wait(lambda: len(self.hung) >= n, within)
+        return list(self.hung)
+
+    async def wait_for_requests(self, n: int, within: float = 5.0) -> list[RecordedRequest]:
+        """Wait until at least ``n`` requests of any kind arrived."""
+        await self._wait(lambda: len(self.requests) >= n, within)
+        return list(self.requests)
+
+    async def _wait(self, predicate: Callable[[], bool], within: float) -> None:
+        async with asyncio.timeout(within), self._changed:
+            await self._changed.wait_for(predicate)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on a free 127.0.0.1 port; return once it accepts connections."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            lifespan="off",
+            ws="none",
+            http="h11",
+            timeout_graceful_shutdown=1,
+        )
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("fake WhatsApp server did not start")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Release held requests and shut the server down."""
+        self._release.set()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._server = None
+        self._task = None
+
+    async def __aenter__(self) -> FakeWhatsAppServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- the endpoint ----------------------------------------------------------------------
+
+    async def _record(self, bucket: list[RecordedRequest], record: RecordedRequest) -> None:
+        async with self._changed:
+            self.requests.append(record)
+            bucket.append(record)
+            self._changed.notify_all()
+
+    async def _messages(self, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body = await request.json() if raw else {}
+        except ValueError:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        record = RecordedRequest(
+            path=request.url.path,
+            json=body,
+            authorization=request.headers.get("authorization"),
+            headers=dict(request.headers),
+        )
+        version = request.path_params["version"]
+        if not re.fullmatch(r"v\d+\.\d+", version) or (
+            self.api_version is not None and version != f"v{self.api_version}"
+        ):
+            await self._record(self.rejected, record)
+            return _error(400, 2500, "Unknown path components", type_="OAuthException")
+        if self.token is not None and record.authorization != f"Bearer {self.token}":
+            await self._record(self.rejected, record)
+            return _error(401, 190, "Invalid OAuth access token - Cannot parse access token")
+        if request.path_params["phone_id"] != self.phone_id:
+            await self._record(self.rejected, record)
+            return _error(400, 100, "Unsupported post request. Object does not exist", subcode=33)
+
+        if body.get("status") == "read":
+            await self._record(self.reads, record)
+            if not body.get("message_id"):
+                return _error(400, 100, "(#100) The parameter message_id is required.")
+            return JSONResponse({"success": True})
+
+        invalid = _validate_send(body)
+        if invalid is not None:
+            await self._record(self.rejected, record)
+            return _error(400, 100, invalid, subcode=2494010)
+        if self._errors:
+            error = self._errors.popleft()
+            await self._record(self.rejected, record)
+            headers = (
+                {"Retry-After": f"{error.retry_after:g}"} if error.retry_after is not None else None
+            )
+            return _error(
+                error.status, error.code, error.message, subcode=error.subcode, headers=headers
+            )
+        if self._hangs > 0:
+            self._hangs -= 1
+            await self._record(self.hung, record)
+            await self._release.wait()
+            return _sent_response(body)
+        await self._record(self.sent, record)
+        return _sent_response(body)
+
+
+def _validate_send(body: dict[str, Any]) -> str | None:
+    if body.get("messaging_product") != "whatsapp":
+        return "(#100) The parameter messaging_product is required."
+    if not body.get("to") and not body.get("recipient"):
+        return "(#100) The parameter to is required."
+    if body.get("recipient_type", "individual") not in ("individual", "group"):
+        return "(#100) Invalid parameter recipient_type"
+    if body.get("type", "text") == "text":
+        text = body.get("text")
+        if not isinstance(text, dict) or not isinstance(text.get("body"), str):
+            return "(#100) The parameter text['body'] is required."
+        if not text["body"].strip():
+            return "(#100) Param text['body'] must be non-empty."
+        if len(text["body"]) > TEXT_LIMIT:
+            return f"(#100) Param text['body'] must be at most {TEXT_LIMIT} characters long."
+    context = body.get("context")
+    if context is not None and not (isinstance(context, dict) and context.get("message_id")):
+        return "(#100) Invalid parameter context"
+    return None
+
+
+def _sent_response(body: dict[str, Any]) -> JSONResponse:
+    recipient = str(body.get("to") or body.get("recipient"))
+    wamid = "wamid." + secrets.token_urlsafe(24)
+    return JSONResponse(
+        {
+            "messaging_product": "whatsapp",
+            "contacts": [{"input": recipient, "wa_id": recipient}],
+            "messages": [{"id": wamid}],
+        }
+    )
+
+
+def _error(
+    status: int,
+    code: int,
+    message: str,
+    *,
+    subcode: int | None = None,
+    type_: str = "OAuthException",
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    error: dict[str, Any] = {
+        "message": message,
+        "type": type_,
+        "code": code,
+        "fbtrace_id": "A" + secrets.token_hex(10),
+    }
+    if subcode is not None:
+        error["error_subcode"] = subcode
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
