@@ -67,7 +67,7 @@ def _no_real_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never see the operator's settings or ``.env``."""
     for name in Settings.model_fields:
         monkeypatch.delenv(name.upper(), raising=False)

@@ -12,9 +12,20 @@ import bot
 ROOT = Path(__file__).resolve().parents[1]
 
 DESIGN_NAMES = {
-    "Agent", "Runner", "RunResult", "tool", "Role", "Message", "ToolCall", "SessionContext",
-    "BaseSessionStore", "SessionStore", "SQLiteSessionStore", "SessionDeletedError",
-    "DEFAULT_DEDUP_TTL_HOURS", "ChatflowError",
+    "Agent",
+    "Runner",
+    "RunResult",
+    "tool",
+    "Role",
+    "Message",
+    "ToolCall",
+    "SessionContext",
+    "BaseSessionStore",
+    "SessionStore",
+    "SQLiteSessionStore",
+    "SessionDeletedError",
+    "DEFAULT_DEDUP_TTL_HOURS",
+    "ChatflowError",
 }
 
 
@@ -40,8 +51,12 @@ def test_readme_example_runs_offline() -> None:
     block = re.search(r"## Write an agent\n\n```python\n(.*?)```", readme, re.S)
     assert block is not None
     result = subprocess.run(
-        [sys.executable, "-c", block.group(1)], capture_output=True, text=True, cwd=ROOT,
-        timeout=60, check=False,
+        [sys.executable, "-c", block.group(1)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("[Order Tracking]")

@@ -84,7 +84,9 @@ class Runner:
         self.max_tool_rounds = max_tool_rounds
         self._agents = self._collect(starting_agent)
         self._owns_store = session_store is None
-        self.store: BaseSessionStore = session_store or SessionStore()
+        self.store: BaseSessionStore = (
+            session_store if session_store is not None else SessionStore()
+        )
         self.store.set_agent_resolver(self.get_agent)
         self._model_override = model
         self._settings = (
@@ -117,7 +119,12 @@ class Runner:
         return self._agents.get(name)
 
     def validate(self) -> None:
-        """Resolve every agent's model now; ``ConfigurationError`` names a missing setting."""
+        """Re-collect the agents and resolve every agent's model now.
+
+        Called by the constructor; call it again after changing agents' handoffs
+        or models. ``ConfigurationError`` names the missing or wrong setting.
+        """
+        self._agents = self._collect(self.starting_agent)
         default = default_model_name(self._settings)
         models: dict[str, tuple[ChatModel, str]] = {}
         warned = False
@@ -172,7 +179,10 @@ class Runner:
                     cancelled_after_commit = await self._save(session, result, on_commit)
                 except BaseException as exc:
                     session.rollback_to(checkpoint)
-                    logger.warning(
+                    logger.log(
+                        logging.INFO
+                        if isinstance(exc, asyncio.CancelledError)
+                        else logging.WARNING,
                         "Turn in session %s rolled back: %s",
                         log_session_id(session_id),
                         type(exc).__name__,
@@ -253,7 +263,7 @@ class Runner:
             agent = session.active_agent
             response = await self._call_model(session, agent)
             usage = usage + response.usage
-            calls = _unique_ids(response.tool_calls)
+            calls, invalid = _unique_ids(response.tool_calls, response.invalid_tool_calls)
             if calls and tool_rounds >= self.max_tool_rounds:
                 raise MaxToolRoundsError(
                     f"agent {agent.name!r} still calling tools after {self.max_tool_rounds} rounds"
@@ -278,7 +288,7 @@ class Runner:
             handed_off = False
             for call in calls:
                 text, target = await self._run_call(
-                    session, agent, call, response, inbound_message_id, handed_off
+                    session, agent, call, invalid.get(call.id), inbound_message_id, handed_off
                 )
                 if target is not None:
                     handed_off = True
@@ -317,13 +327,13 @@ class Runner:
         session: SessionContext,
         agent: Agent,
         call: ToolCall,
-        response: ModelResponse,
+        invalid_reason: str | None,
         inbound_message_id: str | None,
         handed_off: bool,
     ) -> tuple[str, Agent | None]:
         """Run one tool call; return the result text and the handoff target, if any."""
-        if call.id in response.invalid_tool_calls:
-            return error_result(response.invalid_tool_calls[call.id]), None
+        if invalid_reason is not None:
+            return error_result(invalid_reason), None
         handoff = agent.find_handoff(call.name)
         if handoff is not None:
             return self._handoff(handoff, handed_off)
@@ -354,13 +364,22 @@ class Runner:
         return f"Transferred to {target.name}", target
 
 
-def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:
-    """Give every tool call of one answer a distinct, non-empty id (results pair by id)."""
+def _unique_ids(
+    calls: list[ToolCall], invalid: Mapping[str, str]
+) -> tuple[list[ToolCall], dict[str, str]]:
+    """Give every tool call of one answer a distinct, non-empty id (results pair by id).
+
+    Returns the calls and the invalid-call reasons keyed by the final ids.
+    """
     seen: set[str] = set()
     result: list[ToolCall] = []
+    reasons: dict[str, str] = {}
     for call in calls:
+        original = call.id
         if not call.id or call.id in seen:
             call = call.model_copy(update={"id": f"call_{uuid.uuid4().hex[:24]}"})
         seen.add(call.id)
         result.append(call)
-    return result
+        if original in invalid:
+            reasons[call.id] = invalid[original]
+    return result, reasons

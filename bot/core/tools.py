@@ -144,7 +144,7 @@ def parse_docstring(doc: str | None) -> ParsedDocstring:
 
 
 def _clean_schema(node: Any, *, in_name_map: bool = False) -> Any:
-    """Drop pydantic's titles and close every object (``additionalProperties: false``)."""
+    """Drop pydantic's titles and close objects (``additionalProperties: false``)."""
     if isinstance(node, list):
         return [_clean_schema(item) for item in node]
     if not isinstance(node, dict):
@@ -157,8 +157,9 @@ def _clean_schema(node: Any, *, in_name_map: bool = False) -> Any:
         if key == "title":
             continue
         cleaned[key] = _clean_schema(value, in_name_map=key in ("properties", "$defs"))
-    if cleaned.get("type") == "object" or "properties" in cleaned:
-        cleaned.setdefault("properties", {})
+    # Close every object with named properties; a mapping (``dict[str, int]``)
+    # keeps its own ``additionalProperties`` schema.
+    if "properties" in cleaned and "additionalProperties" not in cleaned:
         cleaned["additionalProperties"] = False
     return cleaned
 

@@ -108,6 +108,8 @@ class FakeWhatsAppServer:
         """Requests answered with an error."""
         self.hung: list[RecordedRequest] = []
         """Requests held open by ``inject_hang``."""
+        self.on_send: Callable[[RecordedRequest], None] | None = None
+        """Called with each accepted (or held) send once it is recorded, before the answer."""
         self.port = 0
         self._errors: deque[InjectedError] = deque()
         self._hangs = 0
@@ -285,10 +287,16 @@ class FakeWhatsAppServer:
         if self._hangs > 0:
             self._hangs -= 1
             await self._record(self.hung, record)
+            self._notify_send(record)
             await self._release.wait()
             return _sent_response(body)
         await self._record(self.sent, record)
+        self._notify_send(record)
         return _sent_response(body)
+
+    def _notify_send(self, record: RecordedRequest) -> None:
+        if self.on_send is not None:
+            self.on_send(record)
 
 
 def _validate_send(body: dict[str, Any]) -> str | None:

@@ -13,6 +13,7 @@ from bot.core.models.offline import OFFLINE_PREFIX, OfflineModel
 from bot.core.models.openai_compat import (
     INVALID_JSON_ARGUMENTS,
     OpenAICompatibleModel,
+    gemini_compatible_schema,
     to_openai_messages,
 )
 from bot.core.models.routing import (
@@ -46,6 +47,7 @@ __all__ = [
     "Usage",
     "current_agent_name",
     "default_model_name",
+    "gemini_compatible_schema",
     "resolve_model",
     "route_model",
     "sanitize_history",

@@ -46,7 +46,7 @@ _SUFFIXES = ("ing", "es", "s", "ed")
 _WORD_RE = re.compile(r"[^\W_]+", re.UNICODE)
 _EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
 _MAX_SUMMARY = 300
-HANDOFF_PREFIX = "transfer_to_"
+_HANDOFF_PREFIX = "transfer_to_"  # bot.core.agent.HANDOFF_PREFIX (importing it would cycle)
 
 
 def _stem(word: str) -> str:
@@ -158,7 +158,7 @@ class OfflineModel:
         last = messages[-1] if messages else None
         if last is not None and last.role is Role.TOOL:
             call = _find_call(messages, last.tool_call_id)
-            if call is None or not call.name.startswith(HANDOFF_PREFIX):
+            if call is None or not call.name.startswith(_HANDOFF_PREFIX):
                 return ModelResponse(
                     content=_summarise(call.name if call else last.name, last.content)
                 )

@@ -30,7 +30,13 @@ from bot.core.messages import Message, Role, ToolCall
 from bot.core.models.base import ModelResponse, ToolSpec, Usage, sanitize_history
 from bot.errors import ModelError
 
-__all__ = ["INVALID_JSON_ARGUMENTS", "OpenAICompatibleModel", "to_openai_messages"]
+__all__ = [
+    "INVALID_JSON_ARGUMENTS",
+    "OpenAICompatibleModel",
+    "SchemaTransform",
+    "gemini_compatible_schema",
+    "to_openai_messages",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +103,52 @@ def to_openai_messages(system: str, messages: Sequence[Message]) -> list[dict[st
     return result
 
 
-def _to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+SchemaTransform = Callable[[Mapping[str, Any]], dict[str, Any]]
+"""Rewrites a tool's parameter schema for a provider's JSON-schema dialect."""
+
+_GEMINI_DROPPED_KEYS = frozenset({"additionalProperties", "$schema"})
+
+
+def gemini_compatible_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool schema Gemini accepts: no ``additionalProperties``/``$schema``, ``const`` as enum.
+
+    Gemini (also through its OpenAI endpoint) answers 400 "Unknown name
+    additionalProperties" to schemas that are fine for OpenAI.
+    """
+
+    def clean(node: Any, *, name_map: bool = False) -> Any:
+        if isinstance(node, Mapping):
+            if name_map:
+                return {str(k): clean(v) for k, v in node.items()}
+            result: dict[str, Any] = {}
+            for key, value in node.items():
+                if key in _GEMINI_DROPPED_KEYS:
+                    continue
+                if key == "const":
+                    result["enum"] = [value]
+                    continue
+                result[str(key)] = clean(value, name_map=key in ("properties", "$defs"))
+            return result
+        if isinstance(node, list | tuple):
+            return [clean(item) for item in node]
+        return node
+
+    cleaned: dict[str, Any] = clean(schema)
+    return cleaned
+
+
+def _to_openai_tools(
+    tools: Sequence[ToolSpec], transform: SchemaTransform | None
+) -> list[dict[str, Any]]:
     return [
         {
             "type": "function",
             "function": {
                 "name": spec.name,
                 "description": spec.description,
-                "parameters": _plain(spec.parameters),
+                "parameters": (
+                    transform(spec.parameters) if transform else _plain(spec.parameters)
+                ),
             },
         }
         for spec in tools
@@ -165,6 +209,7 @@ class OpenAICompatibleModel:
         backoff_max: float = 8.0,
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
+        schema_transform: SchemaTransform | None = None,
     ) -> None:
         """Set up a client; no connection is opened until the first call.
 
@@ -172,6 +217,8 @@ class OpenAICompatibleModel:
         bounds one ``complete()`` call, waits included; ``request_timeout``
         bounds each HTTP attempt. ``sleep`` is the backoff wait (inject a fake
         in tests). A ``Retry-After`` longer than the time left ends the call.
+        ``schema_transform`` adapts tool schemas to a provider's dialect (e.g.
+        ``gemini_compatible_schema``).
         """
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
@@ -186,6 +233,7 @@ class OpenAICompatibleModel:
         self.backoff_max = backoff_max
         self._sleep = sleep
         self._rng = rng or random.Random()
+        self.schema_transform = schema_transform
         self._client: openai.AsyncOpenAI | None = None
 
     def __repr__(self) -> str:  # never shows the key
@@ -222,7 +270,7 @@ class OpenAICompatibleModel:
     ) -> ModelResponse:
         """Send one Chat Completions request (retrying as configured) and parse it."""
         payload_messages = to_openai_messages(system, sanitize_history(messages))
-        payload_tools = _to_openai_tools(tools)
+        payload_tools = _to_openai_tools(tools, self.schema_transform)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.total_timeout
         attempt = 0

@@ -22,7 +22,7 @@ from typing import Any
 
 from bot.core.models.base import ChatModel
 from bot.core.models.offline import OfflineModel
-from bot.core.models.openai_compat import OpenAICompatibleModel
+from bot.core.models.openai_compat import OpenAICompatibleModel, gemini_compatible_schema
 from bot.errors import ConfigurationError
 
 __all__ = [
@@ -187,6 +187,8 @@ class ModelRouter:
         client = self._clients.get(key)
         if client is None:
             options: dict[str, Any] = {"total_timeout": self.settings.model_timeout_seconds}
+            if route.provider == "gemini":
+                options["schema_transform"] = gemini_compatible_schema
             options.update(self._client_options)
             client = OpenAICompatibleModel(route.api_key or "", route.base_url, **options)
             self._clients[key] = client

@@ -1,0 +1,28 @@
+"""The example agents: a front desk that routes to two specialists.
+
+The bot imports ``starting_agent`` from the module named by ``AGENTS_MODULE``
+(default: this package). The graph is hub and spoke::
+
+    Triage ──> Order Tracking ──> Triage
+           └─> Billing        ──> Triage
+
+Handoffs that point back (Order Tracking -> Triage) make a cycle, so they are
+assigned after the agents exist; the Runner validates the graph when it starts.
+See ``agents/README.md`` to add your own agents, tools and handoffs.
+"""
+
+from __future__ import annotations
+
+from agents.billing import billing
+from agents.orders import order_tracking
+from agents.triage import triage
+from bot.core.agent import Agent
+
+__all__ = ["billing", "order_tracking", "starting_agent", "triage"]
+
+triage.handoffs = (order_tracking, billing)
+order_tracking.handoffs = (triage,)
+billing.handoffs = (triage,)
+
+starting_agent: Agent = triage
+"""Where every new conversation starts."""

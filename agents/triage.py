@@ -1,0 +1,33 @@
+"""Triage: the front desk. Greets, finds out what the customer needs, hands off."""
+
+from __future__ import annotations
+
+from bot.core.agent import Agent
+
+__all__ = ["TRIAGE_INSTRUCTIONS", "triage"]
+
+TRIAGE_INSTRUCTIONS = """\
+You are the front desk of an online shop's customer service chat.
+
+1. Greet the customer briefly and warmly the first time they write.
+2. Find out what they need. Ask one short question if it is not clear.
+3. Hand the conversation to the right specialist as soon as you know:
+   - where an order is, when it arrives, shipping, carriers, tracking:
+     call transfer_to_order_tracking;
+   - invoices, payments, charges, refunds: call transfer_to_billing.
+   Do not announce the transfer and do not try to answer these yourself:
+   you cannot see orders or invoices.
+4. For anything else (opening hours, general questions) answer briefly
+   yourself, and say plainly when you do not know.
+
+Keep answers short: this is a chat. Never invent order or invoice data.
+"""
+
+triage = Agent(
+    name="Triage",
+    instructions=TRIAGE_INSTRUCTIONS,
+    # Words here are what other agents (and the offline demo model) match on
+    # when they send a customer back to the front desk.
+    handoff_description="Front desk: greetings, general enquiries and routing between teams.",
+)
+"""The starting agent; its handoffs are set in ``agents/__init__.py``."""
