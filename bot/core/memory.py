@@ -74,6 +74,8 @@ __all__ = [
     "SessionDeletedError",
     "SessionStore",
     "Transaction",
+    "log_session_id",
+    "validate_session_id",
 ]
 
 logger = logging.getLogger(__name__)

@@ -43,7 +43,6 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -144,9 +143,6 @@ _INSERT_MESSAGE_SQL = (
 # Locks of one database file are shared by every store instance of this process.
 _SHARED_SESSION_LOCKS = KeyedLocks()
 
-# Stores whose connection lock the current task holds (re-entry would deadlock).
-_HELD_STORES: ContextVar[frozenset[int]] = ContextVar("chatflow_sqlite_held", default=frozenset())
-
 
 def _iso(value: datetime) -> str:
     return _utc(value).isoformat(timespec="microseconds")
@@ -237,6 +233,8 @@ class SQLiteSessionStore(BaseSessionStore):
         self._closed = False
         self._open_lock = asyncio.Lock()
         self._op_lock = asyncio.Lock()
+        # The task holding _op_lock: its re-entry would deadlock, so it is refused.
+        self._op_owner: asyncio.Task[Any] | None = None
         self._lock_namespace: Hashable | None = None
         if path == ":memory:":
             # A private database: only this instance can see it.
@@ -270,7 +268,7 @@ class SQLiteSessionStore(BaseSessionStore):
 
     async def close(self) -> None:
         """Close the connection; the store cannot be used afterwards. Idempotent."""
-        if id(self) in _HELD_STORES.get():
+        if self._op_owner is not None and self._op_owner is asyncio.current_task():
             raise StorageError("close() called inside the store's own transaction")
         self._closed = True
         async with self._open_lock, self._op_lock:
@@ -283,7 +281,10 @@ class SQLiteSessionStore(BaseSessionStore):
 
     async def _connect(self) -> aiosqlite.Connection:
         if not self._memory and not self._uri:
-            await asyncio.to_thread(self._prepare_directory)
+            try:
+                await asyncio.to_thread(self._prepare_directory)
+            except OSError as exc:
+                raise StorageError(f"cannot create the database directory: {exc}") from exc
         conn = aiosqlite.connect(self._db_path, uri=self._uri, isolation_level=None)
         try:
             await conn
@@ -370,8 +371,8 @@ class SQLiteSessionStore(BaseSessionStore):
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:
-        held = _HELD_STORES.get()
-        if id(self) in held:
+        task = asyncio.current_task()
+        if self._op_owner is not None and self._op_owner is task:
             raise StorageError(
                 "the session store was used inside its own transaction; "
                 "run that SQL through the Transaction instead"
@@ -381,11 +382,11 @@ class SQLiteSessionStore(BaseSessionStore):
             conn = self._conn
             if conn is None:
                 raise StorageError("the session store is closed")
-            token = _HELD_STORES.set(held | {id(self)})
+            self._op_owner = task
             try:
                 yield conn
             finally:
-                _HELD_STORES.reset(token)
+                self._op_owner = None
 
     @asynccontextmanager
     async def _transaction(

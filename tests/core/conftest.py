@@ -1,0 +1,79 @@
+"""Shared fixtures for the session-layer tests: a controllable clock and every store kind."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.core.agent import Agent
+from bot.core.memory import BaseSessionStore, SessionStore
+from bot.core.sqlite_store import SQLiteSessionStore
+
+STORE_KINDS = ("memory", "sqlite-file", "sqlite-memory")
+
+
+class FakeClock:
+    """A wall clock the test moves by hand."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> None:
+        self.now += timedelta(**delta)
+
+
+StoreFactory = Callable[..., BaseSessionStore]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def agent() -> Agent:
+    return Agent(name="Support", instructions="Help the user.")
+
+
+@pytest.fixture(params=STORE_KINDS)
+async def store_factory(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+) -> AsyncIterator[StoreFactory]:
+    """Builds stores of the parametrised kind (sharing one file for sqlite-file); closes them."""
+    kind: str = request.param
+    made: list[BaseSessionStore] = []
+
+    def make(**kwargs: Any) -> BaseSessionStore:
+        kwargs.setdefault("clock", clock)
+        store: BaseSessionStore
+        if kind == "memory":
+            store = SessionStore(**kwargs)
+        elif kind == "sqlite-file":
+            store = SQLiteSessionStore(tmp_path / "chatflow.db", **kwargs)
+        else:
+            store = SQLiteSessionStore(":memory:", **kwargs)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        await store.close()
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory) -> BaseSessionStore:
+    return store_factory()
+
+
+@pytest.fixture
+async def sqlite_file_store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[SQLiteSessionStore]:
+    store = SQLiteSessionStore(tmp_path / "chatflow.db", clock=clock)
+    yield store
+    await store.close()
