@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from bot.config import Settings
+
+# A loaded 2-core CI machine must not turn slow examples into failures; in CI the
+# examples are derandomised so a red run can be reproduced exactly.
+hypothesis_settings.register_profile(
+    "chatflow",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=bool(os.environ.get("CI")),
+)
+hypothesis_settings.load_profile("chatflow")
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
 from bot.config import Settings
@@ -40,6 +40,12 @@ TYPING_INTERVAL = 4.0
 """Seconds between typing indications (Telegram's indicator fades after ~5 s)."""
 RETRY_POLL_SECONDS = 5.0
 """How often failed sends are checked for a due retry."""
+SWEEP_INTERVAL_SECONDS = 60.0
+"""How often rows the operator re-queued (or a dead process left) are adopted."""
+PRUNE_INTERVAL_SECONDS = 3600.0
+"""How often delivered ledger rows and done inbox rows past retention are deleted."""
+ADAPTER_WAIT_SECONDS = 60.0
+"""Delay before a reply whose adapter is disconnected is tried again."""
 MAX_INBOUND_CHARS = 16_000
 """Longer inbound texts are refused with a short answer instead of reaching the model."""
 
@@ -123,9 +129,8 @@ class Gateway:
         await self.aliases.open()
         self._accepting = True
         for adapter in self._adapters.values():
-            hook = getattr(adapter, "on_status_failed", None)
-            if hook is None and hasattr(adapter, "on_status_failed"):
-                adapter.on_status_failed = self._on_status_failed
+            if hasattr(adapter, "on_status_failed") and adapter.on_status_failed is None:
+                adapter.on_status_failed = self._status_failed_handler(adapter.name)
             try:
                 await adapter.start(self._on_event)
             except ChatflowError:
@@ -245,13 +250,12 @@ class Gateway:
         self.metrics.queued.set(self._dispatcher.queued)
         return True
 
-    async def _on_status_failed(self, platform_message_id: str, error: str) -> None:
-        obligation_id = await self.ledger.find_by_sent_id(platform_message_id)
-        logger.warning(
-            "platform reported a delivered reply as failed (obligation %s): %s",
-            obligation_id or "unknown",
-            error,
-        )
+    def _status_failed_handler(self, platform: str) -> Callable[[str, str], Awaitable[None]]:
+        async def handler(platform_message_id: str, error: str) -> None:
+            # The ledger logs it against its obligation and keeps the error on the row.
+            await self.ledger.status_failed(platform_message_id, error, platform=platform)
+
+        return handler
 
     # -- one turn ----------------------------------------------------------
 
@@ -381,13 +385,21 @@ class Gateway:
         adapter = self._adapters.get(obligation.platform)
         if adapter is None or not adapter.is_connected:
             logger.warning(
-                "no connected %s adapter; reply %s waits for a later start",
+                "no connected %s adapter; reply %s waits",
                 obligation.platform,
                 obligation.obligation_id,
             )
+            if claimed:
+                # Give the attempt back and look again later (or at the next start).
+                await self.ledger.mark_failed(
+                    obligation.obligation_id,
+                    "adapter not connected",
+                    retryable=True,
+                    retry_after=ADAPTER_WAIT_SECONDS,
+                )
             return
-        if not claimed:
-            await self.ledger.mark_attempting(obligation.obligation_id)
+        if not claimed and not await self.ledger.mark_attempting(obligation.obligation_id):
+            return  # already delivered, abandoned, or being sent by someone else
         if obligation.needs_marker:
             self.metrics.resends.labels(obligation.platform).inc()
         try:
@@ -426,14 +438,34 @@ class Gateway:
         self.metrics.replies_delivered.labels(obligation.platform).inc()
         await self.ledger.mark_delivered(obligation.obligation_id, result.message_ids)
 
+    async def retry_due(self, *, sweep: bool = False) -> int:
+        """Send the failed replies whose retry is due (and, with ``sweep``, adopt
+        rows re-queued by the operator or left by a dead process); returns how many."""
+        owed = await self.ledger.due_retries()
+        if sweep:
+            connected = {n for n, a in self._adapters.items() if a.is_connected}
+            owed += await self.ledger.sweep_recoverable(deliverable_platforms=connected)
+        for obligation in owed:
+            await self._send(obligation, claimed=True)
+        return len(owed)
+
     async def _retry_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_sweep = loop.time() + SWEEP_INTERVAL_SECONDS
+        next_prune = loop.time()
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), RETRY_POLL_SECONDS)
             if self._stopping.is_set():
                 return
             try:
-                for obligation in await self.ledger.due_retries():
-                    await self._send(obligation, claimed=True)
+                sweep = loop.time() >= next_sweep
+                if sweep:
+                    next_sweep = loop.time() + SWEEP_INTERVAL_SECONDS
+                await self.retry_due(sweep=sweep)
+                if loop.time() >= next_prune:
+                    next_prune = loop.time() + PRUNE_INTERVAL_SECONDS
+                    await self.ledger.prune()
+                    await self.inbox.prune()
             except Exception:
                 logger.exception("retrying failed replies failed; trying again later")

@@ -146,6 +146,11 @@ class Inbox:
         if not self._opened:
             await self.open()
 
+    async def _ensure_open_in(self, tx: Transaction) -> None:
+        # Not marked open here: the caller's transaction may still roll back.
+        if not self._opened:
+            await ensure_schema(tx, _COMPONENT, _MIGRATIONS)
+
     async def accept(self, event: MessageEvent, *, session_key: str, session_id: str) -> bool:
         """Journal ``event``: ``True`` the first time, ``False`` for a duplicate.
 
@@ -178,6 +183,7 @@ class Inbox:
         Returns whether a row was updated. Errors propagate: the turn
         transaction must roll back with them.
         """
+        await self._ensure_open_in(tx)
         changed = await tx.execute(
             f"UPDATE {_TABLE} SET state = 'done', error = ?, updated_at = ? "
             "WHERE message_id = ? AND state != 'done'",

@@ -33,7 +33,8 @@ import logging
 import os
 import sqlite3
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
@@ -358,9 +359,17 @@ class DeliveryLedger:
         self._opened = True
 
     async def _ensure_open_in(self, tx: Transaction) -> None:
+        # Not marked open here: the caller's transaction may still roll back.
         if not self._opened:
             await ensure_schema(tx, _COMPONENT, _MIGRATIONS)
-            self._opened = True
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[Transaction]:
+        """A store transaction, the tables created first if ``open`` was not called."""
+        if not self._opened:
+            await self.open()
+        async with self._store.transaction() as tx:
+            yield tx
 
     def _now(self, now: datetime | None = None) -> float:
         return _epoch(now if now is not None else self._clock())
@@ -472,8 +481,7 @@ class DeliveryLedger:
         now = self._now()
         me = self._owner
         try:
-            async with self._store.transaction() as tx:
-                await self._ensure_open_in(tx)
+            async with self._tx() as tx:
                 changed = await tx.execute(
                     f"UPDATE {_TABLE} SET state = 'attempting', attempts = attempts + 1, "
                     "owner_pid = ?, owner_instance = ?, owner_started = ?, "
@@ -510,8 +518,7 @@ class DeliveryLedger:
         now = self._now()
         ids = [str(m) for m in message_ids]
         try:
-            async with self._store.transaction() as tx:
-                await self._ensure_open_in(tx)
+            async with self._tx() as tx:
                 rows = await tx.fetchall(
                     f"SELECT platform FROM {_TABLE} WHERE obligation_id = ?", (obligation_id,)
                 )
@@ -559,8 +566,7 @@ class DeliveryLedger:
         now = self._now()
         error = _clip(error)
         try:
-            async with self._store.transaction() as tx:
-                await self._ensure_open_in(tx)
+            async with self._tx() as tx:
                 rows = await tx.fetchall(
                     f"SELECT state, attempts FROM {_TABLE} WHERE obligation_id = ?",
                     (obligation_id,),
@@ -608,8 +614,7 @@ class DeliveryLedger:
         moment = self._now(now)
         me = self._owner
         try:
-            async with self._store.transaction() as tx:
-                await self._ensure_open_in(tx)
+            async with self._tx() as tx:
                 rows = await tx.fetchall(
                     f"SELECT {_COLUMNS} FROM {_TABLE} WHERE state = 'failed' "
                     "AND next_attempt_at <= ? AND owner_pid = ? AND owner_instance = ? "
@@ -617,7 +622,7 @@ class DeliveryLedger:
                     (moment, me.pid, me.instance_id),
                 )
             candidates = [_row(r) for r in rows]
-            claimed, _ = await self._settle(candidates, moment, needs_marker_for=_maybe_only)
+            claimed = await self._settle(candidates, moment, needs_marker_for=_maybe_only)
         except _STORAGE_ERRORS as exc:
             self._log_storage_failure("claim due retries of", "(any)", exc)
             return []
@@ -627,8 +632,7 @@ class DeliveryLedger:
         """When this process's earliest ``failed`` row becomes due (``None`` if none)."""
         me = self._owner
         try:
-            async with self._store.transaction() as tx:
-                await self._ensure_open_in(tx)
+            async with self._tx() as tx:
                 rows = await tx.fetchall(
                     f"SELECT MIN(next_attempt_at) FROM {_TABLE} WHERE state = 'failed' "
                     "AND owner_pid = ? AND owner_instance = ?",
@@ -666,8 +670,7 @@ class DeliveryLedger:
         alive: dict[Owner, bool] = {}
         claimed: builtins.list[Obligation] = []
         try:
-            async with self._store.transaction() as tx:
-                await self._ensure_open_in(tx)
+            async with self._tx() as tx:
                 rows = await tx.fetchall(
                     f"SELECT {_COLUMNS} FROM {_TABLE} "
                     "WHERE state IN ('pending', 'attempting', 'failed') "
@@ -683,7 +686,7 @@ class DeliveryLedger:
                     continue
                 candidates.append(row)
             for start in range(0, len(candidates), _BATCH):
-                batch, _ = await self._settle(
+                batch = await self._settle(
                     candidates[start : start + _BATCH],
                     moment,
                     needs_marker_for=_not_pending,
@@ -703,10 +706,10 @@ class DeliveryLedger:
         *,
         needs_marker_for: Callable[[Obligation], bool],
         deliverable_platforms: Collection[str] | None = None,
-    ) -> tuple[builtins.list[Obligation], int]:
+    ) -> builtins.list[Obligation]:
         """Abandon, adopt or claim ``rows`` in one transaction, each by a guarded UPDATE.
 
-        Returns the claimed obligations and how many rows were abandoned.
+        Returns the claimed obligations.
         """
         me = self._owner
         stale_before = moment - STALE_AFTER.total_seconds()
@@ -782,7 +785,7 @@ class DeliveryLedger:
                     )
         for obligation_id, reason in abandoned:
             logger.warning("obligation %s abandoned: %s", obligation_id, reason)
-        return claimed, len(abandoned)
+        return claimed
 
     # -- housekeeping --------------------------------------------------------------
 
@@ -795,8 +798,7 @@ class DeliveryLedger:
         cutoff = self._now(now) - RETENTION.total_seconds()
         total = 0
         while True:
-            async with self._store.transaction() as tx:
-                await self._ensure_open_in(tx)
+            async with self._tx() as tx:
                 rows = await tx.fetchall(
                     f"SELECT obligation_id FROM {_TABLE} "
                     "WHERE state IN ('delivered', 'abandoned') AND updated_at < ? LIMIT ?",
@@ -829,8 +831,7 @@ class DeliveryLedger:
             sql += " AND platform = ?"
             params += (platform,)
         try:
-            async with self._store.transaction() as tx:
-                await self._ensure_open_in(tx)
+            async with self._tx() as tx:
                 rows = await tx.fetchall(sql + " LIMIT 1", params)
         except _STORAGE_ERRORS as exc:
             self._log_storage_failure("look up a sent message of", "(any)", exc)
@@ -850,9 +851,7 @@ class DeliveryLedger:
         if obligation_id is None:
             logger.info("failed status for a message the ledger does not know")
             return None
-        logger.warning(
-            "platform reported obligation %s as not delivered: %s", obligation_id, error
-        )
+        logger.warning("platform reported obligation %s as not delivered: %s", obligation_id, error)
         try:
             async with self._store.transaction() as tx:
                 await tx.execute(
@@ -867,8 +866,7 @@ class DeliveryLedger:
 
     async def get(self, obligation_id: str) -> Obligation | None:
         """One obligation as stored (``needs_marker`` mirrors ``maybe_delivered``)."""
-        async with self._store.transaction() as tx:
-            await self._ensure_open_in(tx)
+        async with self._tx() as tx:
             rows = await tx.fetchall(
                 f"SELECT {_COLUMNS} FROM {_TABLE} WHERE obligation_id = ?", (obligation_id,)
             )
@@ -877,8 +875,7 @@ class DeliveryLedger:
     async def status(self) -> dict[str, int]:
         """Number of obligations per state (every state present, zero included)."""
         counts: dict[str, int] = dict.fromkeys(STATES, 0)
-        async with self._store.transaction() as tx:
-            await self._ensure_open_in(tx)
+        async with self._tx() as tx:
             rows = await tx.fetchall(f"SELECT state, COUNT(*) FROM {_TABLE} GROUP BY state", ())
         for state, count in rows:
             counts[str(state)] = int(count)
@@ -896,8 +893,7 @@ class DeliveryLedger:
             sql += " WHERE state = ?"
             params = (state,)
         sql += " ORDER BY created_at DESC, obligation_id LIMIT ?"
-        async with self._store.transaction() as tx:
-            await self._ensure_open_in(tx)
+        async with self._tx() as tx:
             rows = await tx.fetchall(sql, (*params, max(int(limit), 0)))
         return [_row(r).obligation for r in rows]
 
@@ -910,8 +906,7 @@ class DeliveryLedger:
         whether the row was re-queued.
         """
         now = self._now()
-        async with self._store.transaction() as tx:
-            await self._ensure_open_in(tx)
+        async with self._tx() as tx:
             changed = await tx.execute(
                 f"UPDATE {_TABLE} SET state = 'pending', attempts = 0, next_attempt_at = NULL, "
                 "owner_pid = ?, owner_instance = ?, owner_started = NULL, fresh_since = ?, "
@@ -925,8 +920,7 @@ class DeliveryLedger:
     async def abandon(self, obligation_id: str, reason: str) -> bool:
         """Operator: give up an undelivered row with ``reason``. Returns whether it changed."""
         now = self._now()
-        async with self._store.transaction() as tx:
-            await self._ensure_open_in(tx)
+        async with self._tx() as tx:
             changed = await tx.execute(
                 f"UPDATE {_TABLE} SET state = 'abandoned', last_error = ?, "
                 "next_attempt_at = NULL, updated_at = ? "

@@ -260,3 +260,49 @@ async def test_unconnected_adapter_keeps_its_rows_without_spending_attempts(
     sent = await online.adapter.wait_for_sent(1)
     assert sent[0].text.startswith(RECOVERED_MARKER)
     assert sent[0].text.endswith("owed")
+
+
+async def test_a_failed_send_is_retried_in_process_when_due(rigs: Callable[..., object]) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    rig.adapter.fail_next.append(transient("connection reset"))
+    rig.model.add(ScriptedModel.reply("second time lucky"))
+    await rig.adapter.deliver(make_event("hi"))
+    assert await rig.gateway._dispatcher.drain(5)
+    assert rig.adapter.sent == []
+    assert await rig.gateway.retry_due() == 0  # backoff not over yet
+    async with rig.store.transaction() as tx:
+        await tx.execute("UPDATE chatflow_delivery_obligations SET next_attempt_at = 0")
+    assert await rig.gateway.retry_due() == 1
+    assert [s.text for s in rig.adapter.sent] == ["second time lucky"]
+    assert (await rig.gateway.ledger.status())["delivered"] == 1
+
+
+async def test_operator_retry_of_an_abandoned_reply_is_sent_by_the_next_sweep(
+    rigs: Callable[..., object],
+) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    rig.adapter.fail_next.append(PlatformError("chat not found", platform="fake"))
+    rig.model.add(ScriptedModel.reply("try me again"))
+    await rig.adapter.deliver(make_event("hi"))
+    assert await rig.gateway._dispatcher.drain(5)
+    (row,) = await rig.gateway.ledger.list(state="abandoned")
+    assert await rig.gateway.ledger.retry(row.obligation_id)
+    assert await rig.gateway.retry_due(sweep=True) == 1
+    assert [s.text for s in rig.adapter.sent] == ["try me again"]
+
+
+async def test_failed_status_is_recorded_against_its_obligation(
+    rigs: Callable[..., object],
+) -> None:
+    adapter = FakeAdapter()
+    adapter.on_status_failed = None  # type: ignore[attr-defined]
+    rig: Rig = await rigs(adapter=adapter)  # type: ignore[misc]
+    handler = adapter.on_status_failed  # type: ignore[attr-defined]
+    assert handler is not None
+    rig.model.add(ScriptedModel.reply("delivered, then failed"))
+    await rig.adapter.deliver(make_event("hi"))
+    assert await rig.gateway._dispatcher.drain(5)
+    (row,) = await rig.gateway.ledger.list(state="delivered")
+    await handler(row.sent_ids[0], "131026 undeliverable")
+    again = await rig.gateway.ledger.get(row.obligation_id)
+    assert again is not None and "131026" in (again.last_error or "")

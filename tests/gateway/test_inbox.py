@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -66,7 +66,9 @@ async def test_open_is_idempotent_and_versioned(store: SQLiteSessionStore) -> No
 async def test_a_newer_schema_is_refused(store: SQLiteSessionStore) -> None:
     await Inbox(store).open()
     async with store.transaction() as tx:
-        await tx.execute("UPDATE chatflow_schema_versions SET version = 99 WHERE component = 'inbox'")
+        await tx.execute(
+            "UPDATE chatflow_schema_versions SET version = 99 WHERE component = 'inbox'"
+        )
     with pytest.raises(SchemaVersionError):
         await Inbox(store).open()
 

@@ -129,8 +129,12 @@ USER = hash_sender_id("42", SECRET)
             f"agent:main:google_chat:group:{CHAT}:topic:spaces/AAA/threads/BBB",
             id="google-chat-thread-keeps-slashes",
         ),
-        pytest.param(_source(thread_id=""), True, f"agent:main:telegram:group:{CHAT}:user:{USER}",
-                     id="empty-thread-is-none"),
+        pytest.param(
+            _source(thread_id=""),
+            True,
+            f"agent:main:telegram:group:{CHAT}:user:{USER}",
+            id="empty-thread-is-none",
+        ),
     ],
 )
 def test_session_key_shapes(source: SessionSource, per_user: bool, expected: str) -> None:
@@ -138,8 +142,9 @@ def test_session_key_shapes(source: SessionSource, per_user: bool, expected: str
 
 
 def test_session_key_holds_no_raw_id() -> None:
-    key = build_session_key(_source(chat_id="+5511999998888", sender_id="5511999998888"),
-                            secret=SECRET)
+    key = build_session_key(
+        _source(chat_id="+5511999998888", sender_id="5511999998888"), secret=SECRET
+    )
     assert "5511999998888" not in key
 
 
@@ -249,8 +254,11 @@ def test_separators_are_path_unsafe_but_interior_slash_is_a_fine_key(
         assert not is_session_key_unsafe(prefix + sep + suffix)
 
 
-@given(value=st.text(max_size=20), control=st.characters(categories=["Cc"]),
-       at=st.integers(min_value=0, max_value=20))
+@given(
+    value=st.text(max_size=20),
+    control=st.characters(categories=["Cc"]),
+    at=st.integers(min_value=0, max_value=20),
+)
 def test_control_characters_are_unsafe_for_both(value: str, control: str, at: int) -> None:
     text = value[:at] + control + value[at:]
     assert is_path_unsafe(text)
