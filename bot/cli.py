@@ -13,7 +13,7 @@ from bot.app import Bot, InstanceLock, load_starting_agent, open_store
 from bot.config import Settings, load_settings
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.ledger import DeliveryLedger
-from bot.logs import configure_logging
+from bot.logs import configure_logging, quiet_console_logs
 
 __all__ = ["main"]
 
@@ -27,12 +27,20 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
         console = (
             not settings.telegram_enabled and not settings.whatsapp_enabled and sys.stdin.isatty()
         )
+    if console:
+        _quiet_for_a_person(settings)
     with InstanceLock(settings.data_dir).held():
         await Bot(settings, console=console).run()
     return 0
 
 
+def _quiet_for_a_person(settings: Settings) -> None:
+    if sys.stdin.isatty() and "log_level" not in settings.model_fields_set:
+        quiet_console_logs()
+
+
 async def _chat(settings: Settings, args: argparse.Namespace) -> int:
+    _quiet_for_a_person(settings)
     with InstanceLock(settings.data_dir).held():
         await Bot(settings, console=True, serve_http=False).run()
     return 0

@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Literal
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = ["JsonFormatter", "configure_logging", "quiet_console_logs"]
 
 # httpx logs every request URL at INFO, and Telegram URLs carry the bot token.
 _QUIET = (
@@ -62,3 +62,13 @@ def configure_logging(level: str = "INFO", fmt: Literal["auto", "text", "json"] 
     quiet = max(logging.WARNING, logging.getLevelName(level))
     for name in _QUIET:
         logging.getLogger(name).setLevel(quiet)
+
+
+def quiet_console_logs() -> None:
+    """Show only warnings on the terminal while a person chats in it.
+
+    INFO lines would land in the middle of the conversation; they are still
+    there with ``LOG_LEVEL=DEBUG`` or ``INFO`` set explicitly.
+    """
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(max(handler.level, logging.WARNING))
