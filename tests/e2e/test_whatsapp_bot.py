@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bot.gateway.ledger import RECOVERED_MARKER
@@ -111,3 +112,32 @@ async def test_reply_lost_to_a_kill_during_send_is_resent_with_the_marker(
     body = sent[-1].json["text"]["body"]
     assert body.startswith(RECOVERED_MARKER)
     assert "1001" in body
+
+
+async def test_healthz_and_metrics_report_the_running_bot(
+    bot: BotProcess, graph: FakeWhatsAppServer
+) -> None:
+    sender = sender_for(bot)
+    await sender.post(sender.text("count me"), times=2)
+    await graph.wait_for_sent(1, within=20)
+    async with httpx.AsyncClient(base_url=bot.url) as client:
+        health = (await client.get("/healthz")).json()
+        metrics = (await client.get("/metrics")).text
+        handshake = {"hub.mode": "subscribe", "hub.challenge": "42"}
+        verify = await client.get(
+            "/webhooks/whatsapp", params={**handshake, "hub.verify_token": "verify-me"}
+        )
+        wrong = await client.get(
+            "/webhooks/whatsapp", params={**handshake, "hub.verify_token": "nope"}
+        )
+    assert health == {
+        "ok": True,
+        "ready": True,
+        "database": "ok",
+        "platforms": {"whatsapp": True},
+    }
+    assert 'chatflow_messages_in_total{platform="whatsapp"} 1.0' in metrics
+    assert 'chatflow_dedup_hits_total{platform="whatsapp"} 1.0' in metrics
+    assert "chatflow_turn_seconds_bucket" in metrics
+    assert (verify.status_code, verify.text) == (200, "42")
+    assert wrong.status_code == 403
