@@ -29,4 +29,4 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-bench .mypy_cache .pytest_cache .ruff_cache

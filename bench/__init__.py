@@ -1,0 +1,1 @@
+"""Chatflow's benchmarks: ``make bench`` (or ``python -m bench``); never part of ``make test``."""
