@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench proof fmt clean
+.PHONY: run test test-pg check bench proof fmt clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,8 +21,17 @@ check: $(STAMP)
 test: check
 	$(VENV)/bin/pytest -q
 
+# The whole suite with a throwaway PostgreSQL server (what .ci/run does).
+test-pg: check
+	scripts/with-postgres.sh $(VENV)/bin/pytest -q
+
 bench: $(STAMP)
 	$(PY) -m bench
+
+# The full fault suite (kills, retry storms, overload, model faults, hostile input);
+# writes docs/RELIABILITY.md. `make test` runs a reduced, seeded version of it.
+proof: $(STAMP)
+	CHATFLOW_PROOF=full $(VENV)/bin/pytest tests/e2e -q -k proof -p no:cacheprovider
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .

@@ -13,7 +13,9 @@ __all__ = ["JsonFormatter", "configure_logging", "quiet_console_logs"]
 # httpx logs every request URL at INFO, and Telegram URLs carry the bot token.
 _QUIET = (
     "httpx",
+    "httpx2",  # the openai SDK's own fork of httpx
     "httpcore",
+    "httpcore2",
     "telegram",
     "telegram.ext",
     "pywa",

@@ -60,6 +60,7 @@ class BotProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            limit=2**24,  # a long log line must not kill the reader (and block the bot)
         )
         ready = asyncio.get_running_loop().create_future()
         self._reader = asyncio.create_task(self._read(ready))
