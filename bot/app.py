@@ -20,23 +20,34 @@ from typing import IO
 
 from bot.config import Settings
 from bot.core.agent import Agent
+from bot.core.memory import BaseSessionStore
 from bot.core.models.routing import ModelSettings, default_model_name
 from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.gateway import Gateway
-from bot.gateway.keys import load_or_create_secret
+from bot.gateway.instances import InstanceRegistry
+from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.metrics import Metrics
 from bot.server import HttpServer, build_app
 from platforms.base import PlatformAdapter
 
 __all__ = [
+    "POLLING_CONFLICT_MESSAGE",
     "Bot",
     "InstanceLock",
     "build_adapters",
+    "check_polling_alone",
+    "instance_lock",
     "load_starting_agent",
     "open_store",
 ]
+
+POLLING_CONFLICT_MESSAGE = (
+    "TELEGRAM_WEBHOOK_URL: several processes share this database; Telegram long polling "
+    "allows one consumer per token — set TELEGRAM_WEBHOOK_URL"
+)
+"""Why ``run`` stops when it would long-poll Telegram beside another live process."""
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +69,50 @@ def load_starting_agent(module_name: str) -> Agent:
     return agent
 
 
-def open_store(settings: Settings) -> SQLiteSessionStore:
-    """The SQLite store at ``DATABASE_URL`` (its folder created if missing)."""
+def open_store(settings: Settings) -> BaseSessionStore:
+    """The store ``DATABASE_URL`` names: SQLite (its folder created if missing) or PostgreSQL."""
+    if settings.database_dialect == "postgres":
+        from bot.core.postgres_store import PostgresSessionStore
+
+        assert settings.database_url is not None
+        # Every running turn holds one lock connection; transactions get their own pool.
+        turns = settings.max_concurrent_turns
+        return PostgresSessionStore(
+            settings.database_url,
+            default_max_turns=settings.max_turns,
+            max_pool=max(4, turns + 2),
+            max_lock_connections=turns + 2,
+        )
     path = settings.database_path
     path.parent.mkdir(parents=True, exist_ok=True)
     return SQLiteSessionStore(str(path), default_max_turns=settings.max_turns)
 
 
-def build_runner(settings: Settings, store: SQLiteSessionStore) -> Runner:
+def instance_lock(settings: Settings) -> contextlib.AbstractContextManager[None]:
+    """What keeps two bots from sharing state they must not share.
+
+    SQLite: an ``flock`` on ``DATA_DIR`` (one process per data directory).
+    PostgreSQL: nothing here; several processes are the point, and leases
+    (``InstanceRegistry``) tell who is alive.
+    """
+    if settings.database_dialect == "postgres":
+        return contextlib.nullcontext()
+    return InstanceLock(settings.data_dir).held()
+
+
+async def check_polling_alone(settings: Settings, instances: InstanceRegistry) -> None:
+    """Refuse Telegram long polling while another process is live on the same database.
+
+    Call it after ``instances.start()``: two processes starting together then
+    both see each other and both refuse, rather than both polling.
+    """
+    if not settings.telegram_enabled or settings.telegram_webhook_url:
+        return
+    if await instances.others():
+        raise ConfigurationError(POLLING_CONFLICT_MESSAGE, setting="TELEGRAM_WEBHOOK_URL")
+
+
+def build_runner(settings: Settings, store: BaseSessionStore) -> Runner:
     """The Runner over the operator's agents; fails early on a model that routes nowhere."""
     starting = load_starting_agent(settings.agents_module)
     return Runner(starting, store, model_settings=ModelSettings.from_settings(settings))
@@ -182,9 +229,18 @@ class Bot:
         """Start everything, serve until SIGTERM/SIGINT (or console EOF), stop gracefully."""
         settings = self.settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        secret = await asyncio.to_thread(load_or_create_secret, settings.data_dir)
         store = open_store(settings)
+        instances: InstanceRegistry | None = None
         try:
+            if store.dialect == "postgres":
+                # Several processes: one secret for all (in the database), leases for liveness.
+                await store.open()
+                secret = await load_or_create_shared_secret(store)
+                instances = InstanceRegistry(store, lease_seconds=settings.instance_lease_seconds)
+                await instances.start()
+                await check_polling_alone(settings, instances)
+            else:
+                secret = await asyncio.to_thread(load_or_create_secret, settings.data_dir)
             runner = build_runner(settings, store)
             adapters = build_adapters(
                 settings,
@@ -193,10 +249,18 @@ class Bot:
                 console_out=self.console_out,
             )
             gateway = Gateway(
-                runner, store, adapters, settings, secret=secret, metrics=self.metrics
+                runner,
+                store,
+                adapters,
+                settings,
+                secret=secret,
+                metrics=self.metrics,
+                instances=instances,
             )
             await self._serve(gateway, adapters)
         finally:
+            if instances is not None:
+                await instances.stop()
             await store.close()
 
     async def _serve(self, gateway: Gateway, adapters: list[PlatformAdapter]) -> None:
@@ -253,7 +317,7 @@ class Bot:
             else "no HTTP server"
         )
         lines = [
-            f"Chatflow: {names}; model {model}; database {self.settings.database_path}",
+            f"Chatflow: {names}; model {model}; database {self.settings.database_label}",
             f"Webhooks, /healthz and /metrics: {where}.",
             "Connect Telegram with TELEGRAM_BOT_TOKEN, WhatsApp with WHATSAPP_PHONE_ID and "
             "WHATSAPP_TOKEN, a real model with OPENAI_API_KEY or GEMINI_API_KEY (.env.example).",

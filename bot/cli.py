@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from bot.app import Bot, InstanceLock, load_starting_agent, open_store
+from bot.app import Bot, instance_lock, load_starting_agent, open_store
 from bot.config import Settings, load_settings
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.ledger import DeliveryLedger
@@ -29,7 +29,7 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
         )
     if console:
         _quiet_for_a_person(settings)
-    with InstanceLock(settings.data_dir).held():
+    with instance_lock(settings):
         await Bot(settings, console=console).run()
     return 0
 
@@ -41,7 +41,7 @@ def _quiet_for_a_person(settings: Settings) -> None:
 
 async def _chat(settings: Settings, args: argparse.Namespace) -> int:
     _quiet_for_a_person(settings)
-    with InstanceLock(settings.data_dir).held():
+    with instance_lock(settings):
         await Bot(settings, console=True, serve_http=False).run()
     return 0
 

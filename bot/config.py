@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bot.core.sql import redact_dsn
 from bot.errors import ConfigurationError
 
 __all__ = ["Settings", "load_settings"]
@@ -38,7 +39,11 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./data")
     """Runtime files: the SQLite database and the installation secret."""
     database_url: str | None = None
-    """``sqlite:///path/to.db``; defaults to ``sqlite:///<DATA_DIR>/chatflow.db``."""
+    """``sqlite:///path/to.db`` or ``postgresql://user:password@host:5432/db`` (several
+    processes); defaults to ``sqlite:///<DATA_DIR>/chatflow.db``."""
+    instance_lease_seconds: float = Field(default=15.0, ge=1, le=3600)
+    """PostgreSQL: how long a process counts as alive without renewing its lease; the work
+    of a process that died is taken over this long after (renewed every third of it)."""
 
     default_model: str | None = None
     """Model for agents that name none; ``offline`` when no API key is set."""
@@ -124,8 +129,12 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("sqlite:///"):
-            raise ValueError("only sqlite:///<path> is supported (PostgreSQL is not yet)")
+        if value is not None and not value.startswith(
+            ("sqlite:///", "postgresql://", "postgres://")
+        ):
+            raise ValueError(
+                "use sqlite:///<path> or postgresql://<user>:<password>@<host>:<port>/<database>"
+            )
         return value
 
     @model_validator(mode="after")
@@ -139,11 +148,28 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def database_dialect(self) -> Literal["sqlite", "postgres"]:
+        """Which database ``DATABASE_URL`` names."""
+        if self.database_url and not self.database_url.startswith("sqlite:///"):
+            return "postgres"
+        return "sqlite"
+
+    @property
     def database_path(self) -> Path:
-        """Filesystem path of the SQLite database."""
+        """Filesystem path of the SQLite database (``ValueError`` on PostgreSQL)."""
+        if self.database_dialect != "sqlite":
+            raise ValueError("DATABASE_URL names a PostgreSQL database, not a file")
         if self.database_url:
             return Path(self.database_url.removeprefix("sqlite:///"))
         return self.data_dir / "chatflow.db"
+
+    @property
+    def database_label(self) -> str:
+        """The database for banners and logs: the file path, or the URL without its password."""
+        if self.database_dialect == "sqlite":
+            return str(self.database_path)
+        assert self.database_url is not None
+        return redact_dsn(self.database_url)
 
     @property
     def telegram_enabled(self) -> bool:

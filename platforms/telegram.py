@@ -71,6 +71,7 @@ from telegram.error import (
     TimedOut,
 )
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ExtBot
+from telegram.request import BaseRequest, HTTPXRequest, RequestData
 
 __all__ = [
     "GENERAL_TOPIC_ID",
@@ -415,6 +416,68 @@ class _TypingExemptRateLimiter(AIORateLimiter):
         )
 
 
+def _readable_updates(payload: bytes) -> bytes:
+    """A getUpdates answer with every update PTB cannot read cut down to its ``update_id``."""
+    try:
+        body = json.loads(payload)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return payload  # PTB reports an unreadable answer itself
+    if not isinstance(body, dict) or not isinstance(body.get("result"), list):
+        return payload
+    readable: list[Any] = []
+    changed = False
+    for item in body["result"]:
+        try:
+            Update.de_json(item, None)
+        except Exception:
+            changed = True
+            update_id = item.get("update_id") if isinstance(item, dict) else None
+            logger.warning("Telegram update %s could not be read; skipped", update_id)
+            if isinstance(update_id, int) and not isinstance(update_id, bool):
+                readable.append({"update_id": update_id})
+            continue
+        readable.append(item)
+    if not changed:
+        return payload
+    body["result"] = readable
+    return json.dumps(body).encode()
+
+
+class _ReadableUpdatesRequest(HTTPXRequest):
+    """The getUpdates transport: an update PTB cannot read never blocks the ones after it.
+
+    PTB parses a whole getUpdates batch at once: one update it cannot read
+    (a malformed payload, a field whose type changed in a newer Bot API) fails
+    the batch every time, so polling would stall for good, and PTB logs the
+    raw batch, texts and user ids included, at CRITICAL. Here such an update
+    is reduced to its ``update_id``: it maps to no event and the offset moves on.
+    """
+
+    async def do_request(
+        self,
+        url: str,
+        method: str,
+        request_data: RequestData | None = None,
+        # Any: PTB types these with an alias from its private ``_utils`` module.
+        read_timeout: Any = BaseRequest.DEFAULT_NONE,
+        write_timeout: Any = BaseRequest.DEFAULT_NONE,
+        connect_timeout: Any = BaseRequest.DEFAULT_NONE,
+        pool_timeout: Any = BaseRequest.DEFAULT_NONE,
+    ) -> tuple[int, bytes]:
+        code, payload = await super().do_request(
+            url,
+            method,
+            request_data=request_data,
+            read_timeout=read_timeout,
+            write_timeout=write_timeout,
+            connect_timeout=connect_timeout,
+            pool_timeout=pool_timeout,
+        )
+        if code == 200 and url.rsplit("/", 1)[-1].lower() == "getupdates":
+            payload = _readable_updates(payload)
+        return code, payload
+
+
 class _Backoff:
     """Exponential backoff delays, capped."""
 
@@ -559,10 +622,14 @@ class TelegramAdapter:
             .read_timeout(read)
             .write_timeout(write)
             .pool_timeout(pool)
-            .get_updates_connect_timeout(connect)
-            .get_updates_read_timeout(read)
-            .get_updates_write_timeout(write)
-            .get_updates_pool_timeout(pool)
+            .get_updates_request(
+                _ReadableUpdatesRequest(
+                    connect_timeout=connect,
+                    read_timeout=read,
+                    write_timeout=write,
+                    pool_timeout=pool,
+                )
+            )
         )
         app: AppType = builder.build()
         return app
@@ -856,7 +923,8 @@ class TelegramAdapter:
             return PlainTextResponse("Not ready", status_code=503)
         try:
             payload = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            # RecursionError: JSON nested deeper than the parser's stack.
             return PlainTextResponse("Malformed JSON", status_code=400)
         if not isinstance(payload, dict) or not isinstance(payload.get("update_id"), int):
             return PlainTextResponse("Not an update", status_code=400)

@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from bot.errors import ConfigurationError, PlatformError
+from bot.errors import ChatflowError, ConfigurationError, PlatformError
 from bot.gateway.events import MessageEvent
 from platforms.base import EventHandler, SendResult
 from platforms.text import split_text
@@ -311,7 +311,8 @@ class WhatsAppAdapter:
             return refused
         try:
             payload: Any = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            # RecursionError: JSON nested deeper than the parser's stack.
             logger.warning("WhatsApp webhook rejected: body is not JSON")
             return PlainTextResponse("Bad Request", status_code=400)
         if not isinstance(payload, dict):
@@ -331,8 +332,26 @@ class WhatsAppAdapter:
         for event in batch.events:
             try:
                 await on_event(event)
-            except Exception:
+            except ChatflowError as exc:
                 # No 200: Meta redelivers the whole body and the gateway dedups by wamid.
+                if not exc.retryable:
+                    logger.error(
+                        "WhatsApp message %s not accepted (%s); answering 500",
+                        event.message_id,
+                        type(exc).__name__,
+                    )
+                    return PlainTextResponse("Internal Server Error", status_code=500)
+                # Back-pressure (queue full, shutting down): a quick "busy", not an error.
+                logger.warning(
+                    "WhatsApp message %s not accepted now (%s); answering 503",
+                    event.message_id,
+                    type(exc).__name__,
+                )
+                headers = {}
+                if exc.retry_after is not None:
+                    headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+                return PlainTextResponse("Busy, retry later", status_code=503, headers=headers)
+            except Exception:
                 logger.exception(
                     "WhatsApp message %s not accepted; answering 500", event.message_id
                 )

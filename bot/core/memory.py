@@ -55,11 +55,12 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol, Self
+from typing import Any, ClassVar, NamedTuple, Protocol, Self
 
 from bot.core.agent import Agent
 from bot.core.messages import Message, Role
 from bot.core.paths import is_path_unsafe
+from bot.core.sql import Dialect
 from bot.errors import StorageError
 
 __all__ = [
@@ -92,7 +93,9 @@ PURGE_BATCH_SIZE = 1000
 PURGE_INTERVAL = timedelta(minutes=1)
 """Least time between two automatic purges (unless the last one filled its batch)."""
 
-NO_SQL_MESSAGE = "the in-memory store cannot run SQL; use SQLiteSessionStore"
+NO_SQL_MESSAGE = (
+    "the in-memory store cannot run SQL; use SQLiteSessionStore or PostgresSessionStore"
+)
 
 _GATEWAY_SESSION_ID = re.compile(r"[a-z0-9_]+-[0-9a-f]{16}")
 
@@ -108,6 +111,11 @@ class Transaction(Protocol):
     when the ``async with`` block (or the ``save`` hook) ends without an error
     and rolls back otherwise. Database errors surface as ``StorageError``.
     """
+
+    @property
+    def dialect(self) -> Dialect:
+        """The SQL dialect statements must be written in (``?`` placeholders on both)."""
+        ...
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; return the number of rows it changed (-1 if none apply)."""
@@ -441,6 +449,9 @@ class BaseSessionStore(ABC):
     two turns of one session then never interleave, however many
     ``SessionContext`` objects exist. The lock is not re-entrant.
     """
+
+    dialect: ClassVar[Dialect | None] = None
+    """SQL dialect of ``transaction()`` (``None``: the store cannot run SQL)."""
 
     def __init__(
         self,

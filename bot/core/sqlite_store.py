@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
@@ -162,6 +162,9 @@ class _SQLiteTransaction:
 
     __slots__ = ("_active", "_conn")
 
+    dialect: Final = "sqlite"
+    """Statements are SQLite SQL."""
+
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
         self._active = True
@@ -211,6 +214,8 @@ class SQLiteSessionStore(BaseSessionStore):
     ``":memory:"`` and ``file:...?mode=memory`` URIs work on the one connection.
     Unknown keyword arguments (e.g. ``busy_timeout``) raise ``TypeError``.
     """
+
+    dialect = "sqlite"
 
     def __init__(
         self,

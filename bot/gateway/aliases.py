@@ -4,39 +4,51 @@ Telegram turns a group into a supergroup with a new chat id. The session key is
 built from the chat id, so without an alias the conversation would restart. The
 gateway records ``new -> old`` once and builds keys from the old id from then
 on; replies still go to the new chat id carried by each event.
+
+With several processes on one database, an alias recorded by one reaches the
+others when they ``reload`` (the gateway does so every few seconds).
 """
 
 from __future__ import annotations
 
 import logging
 
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.memory import BaseSessionStore
+from bot.gateway.schema import ensure_schema
 
 __all__ = ["ChatAliases"]
 
 logger = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS chatflow_chat_aliases (
-    platform TEXT NOT NULL,
-    chat_id TEXT NOT NULL,
-    alias_of TEXT NOT NULL,
-    PRIMARY KEY (platform, chat_id)
-)
-"""
+_COMPONENT = "chat_aliases"
+_MIGRATIONS = {
+    1: (
+        """CREATE TABLE IF NOT EXISTS chatflow_chat_aliases (
+            platform TEXT NOT NULL,
+            chat_id TEXT NOT NULL,
+            alias_of TEXT NOT NULL,
+            PRIMARY KEY (platform, chat_id)
+        )""",
+    ),
+}
 
 
 class ChatAliases:
     """Maps a platform chat id to the chat id its sessions are keyed by."""
 
-    def __init__(self, store: SQLiteSessionStore) -> None:
+    def __init__(self, store: BaseSessionStore) -> None:
         self._store = store
         self._cache: dict[tuple[str, str], str] = {}
 
     async def open(self) -> None:
         """Create the table and load every alias (there are few: one per migrated group)."""
         async with self._store.transaction() as tx:
-            await tx.execute(_SCHEMA)
+            await ensure_schema(tx, _COMPONENT, _MIGRATIONS)
+        await self.reload()
+
+    async def reload(self) -> None:
+        """Read every alias again (other processes may have recorded some)."""
+        async with self._store.transaction() as tx:
             rows = await tx.fetchall(
                 "SELECT platform, chat_id, alias_of FROM chatflow_chat_aliases"
             )

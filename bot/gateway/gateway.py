@@ -7,7 +7,9 @@ Durability points (see docs/ARCHITECTURE.md):
   ``done`` and the ledger obligation ``pending`` in one SQLite transaction.
 - then the send, bracketed by ``mark_attempting`` / ``mark_delivered``.
 At start-up the ledger sweep resends what a dead process owed, and the inbox
-re-runs turns that never committed.
+re-runs turns that never committed. With several processes on PostgreSQL
+(``instances`` given) that takeover also runs every few seconds, for the work
+of processes whose lease expired.
 """
 
 from __future__ import annotations
@@ -15,18 +17,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
 from bot.config import Settings
-from bot.core.memory import Transaction
+from bot.core.memory import BaseSessionStore, Transaction
 from bot.core.runner import Runner, RunResult
-from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import ChatflowError, PlatformError
 from bot.gateway.aliases import ChatAliases
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
 from bot.gateway.events import MessageEvent
-from bot.gateway.inbox import Inbox, InboxEntry
+from bot.gateway.inbox import Inbox, InboxClaimLostError, InboxEntry
+from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import build_session_key, session_id_for
 from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
 from bot.metrics import Metrics
@@ -48,6 +51,64 @@ ADAPTER_WAIT_SECONDS = 60.0
 """Delay before a reply whose adapter is disconnected is tried again."""
 MAX_INBOUND_CHARS = 16_000
 """Longer inbound texts are refused with a short answer instead of reaching the model."""
+_NO_DISPATCHER_LIMIT = 2**62
+# The gateway applies MAX_QUEUED_MESSAGES itself, before tx 1: once a message is
+# accepted it must be queued whatever happens, so the dispatcher never refuses one.
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(value: str) -> str:
+    return _LONE_SURROGATE.sub("\ufffd", value)
+
+
+def _clean_opt(value: str | None) -> str | None:
+    return None if value is None else _clean(value)
+
+
+def _encodable(event: MessageEvent) -> MessageEvent:
+    """``event`` with lone surrogates replaced by U+FFFD.
+
+    JSON may carry an unpaired ``\\ud800`` escape; such a string cannot be
+    encoded as UTF-8, so it would fail every write (SQLite, logs, the model's
+    HTTP body) and, refused again at each redelivery, block its chat for good.
+    """
+    source = event.source
+    values = (
+        event.message_id,
+        event.text,
+        event.platform_message_id,
+        event.reply_to_id,
+        event.command,
+        event.media_kind,
+        event.migrate_from_chat_id,
+        source.chat_id,
+        source.sender_id,
+        source.thread_id,
+        source.chat_name,
+        source.sender_name,
+    )
+    if not any(v is not None and _LONE_SURROGATE.search(v) for v in values):
+        return event
+    return replace(
+        event,
+        message_id=_clean(event.message_id),
+        text=_clean(event.text),
+        platform_message_id=_clean_opt(event.platform_message_id),
+        reply_to_id=_clean_opt(event.reply_to_id),
+        command=_clean_opt(event.command),
+        media_kind=_clean_opt(event.media_kind),
+        migrate_from_chat_id=_clean_opt(event.migrate_from_chat_id),
+        source=replace(
+            source,
+            chat_id=_clean(source.chat_id),
+            sender_id=_clean(source.sender_id),
+            thread_id=_clean_opt(source.thread_id),
+            chat_name=_clean_opt(source.chat_name),
+            sender_name=_clean_opt(source.sender_name),
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -77,13 +138,14 @@ class Gateway:
     def __init__(
         self,
         runner: Runner,
-        store: SQLiteSessionStore,
+        store: BaseSessionStore,
         adapters: Sequence[PlatformAdapter],
         settings: Settings,
         *,
         secret: bytes,
         metrics: Metrics | None = None,
         replies: Replies | None = None,
+        instances: InstanceRegistry | None = None,
     ) -> None:
         names = [a.name for a in adapters]
         if len(set(names)) != len(names):
@@ -93,22 +155,28 @@ class Gateway:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.replies = replies or Replies()
-        self.inbox = Inbox(store)
-        self.ledger = DeliveryLedger(store)
+        self.instances = instances
+        owner = None if instances is None else instances.owner
+        self.inbox = Inbox(store, owner=None if owner is None else owner.instance_id)
+        self.ledger = DeliveryLedger(
+            store, owner=owner, liveness=None if instances is None else instances.is_alive
+        )
         self.aliases = ChatAliases(store)
         self._adapters = {a.name: a for a in adapters}
         self._secret = secret
         self._dispatcher: SessionDispatcher[InboxEntry] = SessionDispatcher(
             self._process,
             max_concurrent=settings.max_concurrent_turns,
-            max_queued=settings.max_queued_messages,
+            max_queued=_NO_DISPATCHER_LIMIT,
         )
+        self._admitting = 0
         self._early: list[InboxEntry] = []
         self._ready = False
         self._accepting = False
         self._stopping = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._retry_task: asyncio.Task[None] | None = None
+        self._takeover_task: asyncio.Task[None] | None = None
 
     @property
     def adapters(self) -> dict[str, PlatformAdapter]:
@@ -146,7 +214,9 @@ class Gateway:
         early = {entry.event.message_id for entry in self._early}
         recovered = [
             entry
-            for entry in await self.inbox.recover(self.settings.auto_continue_freshness_seconds)
+            for entry in await self.inbox.recover(
+                self.settings.auto_continue_freshness_seconds, live_owners=await self._live_owners()
+            )
             if entry.event.message_id not in early  # accepted by this process moments ago
         ]
         if recovered:
@@ -159,6 +229,8 @@ class Gateway:
         self._ready = True
         self._dispatcher.resume()
         self._retry_task = asyncio.create_task(self._retry_loop())
+        if self.instances is not None:
+            self._takeover_task = asyncio.create_task(self._takeover_loop())
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting; let turns in flight finish within ``grace`` s; recovery does the rest."""
@@ -179,9 +251,10 @@ class Gateway:
         for adapter in self._adapters.values():
             with contextlib.suppress(Exception):
                 await adapter.stop()
-        if self._retry_task is not None:
-            self._retry_task.cancel()
-            await asyncio.gather(self._retry_task, return_exceptions=True)
+        for loop_task in (self._retry_task, self._takeover_task):
+            if loop_task is not None:
+                loop_task.cancel()
+                await asyncio.gather(loop_task, return_exceptions=True)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -213,6 +286,7 @@ class Gateway:
 
     async def _on_event(self, event: MessageEvent) -> bool:
         """Adapter entry point: returns once the event is durably accepted or judged not ours."""
+        event = _encodable(event)
         platform = event.platform
         if not self._accepting:
             raise DispatcherBusyError("the bot is shutting down", retry_after=5.0)
@@ -225,13 +299,22 @@ class Gateway:
         if not event.text.strip() and event.media_kind is None and event.command is None:
             self.metrics.ignored.labels(platform).inc()
             return False
-        if self._ready and not self._dispatcher.has_room():
+        if not self._has_room():
             # Refuse before accepting: the platform keeps the message and offers it again.
             self.metrics.busy.labels(platform).inc()
             raise DispatcherBusyError("too many messages waiting", retry_after=5.0)
         session_key = self.session_key_for(event)
         session_id = session_id_for(session_key)
-        if not await self.inbox.accept(event, session_key=session_key, session_id=session_id):
+        # Hold a place in the queue while tx 1 runs: other events are admitted
+        # meanwhile, and a message once accepted must never find the queue full.
+        self._admitting += 1
+        try:
+            accepted = await self.inbox.accept(
+                event, session_key=session_key, session_id=session_id
+            )
+        finally:
+            self._admitting -= 1
+        if not accepted:
             self.metrics.dedup_hits.labels(platform).inc()
             logger.info("duplicate %s message dropped (session %s)", platform, session_id)
             return False
@@ -249,6 +332,11 @@ class Gateway:
             self._early.append(entry)
         self.metrics.queued.set(self._dispatcher.queued)
         return True
+
+    def _has_room(self) -> bool:
+        """Whether one more message may be accepted under ``MAX_QUEUED_MESSAGES``."""
+        waiting = self._dispatcher.queued + len(self._early) + self._admitting
+        return waiting < self.settings.max_queued_messages
 
     def _status_failed_handler(self, platform: str) -> Callable[[str, str], Awaitable[None]]:
         async def handler(platform_message_id: str, error: str) -> None:
@@ -302,6 +390,10 @@ class Gateway:
         started = asyncio.get_running_loop().time()
         try:
             await self.runner.run_async(entry.session_id, event.text, metadata, on_commit=commit)
+        except InboxClaimLostError:
+            # Our lease lapsed and another process answers this message: nothing to send.
+            logger.info("turn in session %s discarded: taken over elsewhere", entry.session_id)
+            return
         except ChatflowError as exc:
             self.metrics.turns.labels("failed").inc()
             logger.warning(
@@ -330,6 +422,9 @@ class Gateway:
             async with self.store.transaction() as tx:
                 obligation = await self._record(tx, entry, text)
                 await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
+        except InboxClaimLostError:
+            logger.info("answer in session %s dropped: taken over elsewhere", entry.session_id)
+            return
         except ChatflowError:
             # The inbox row stays 'received': the next start-up answers it.
             logger.exception("could not record an answer for session %s", entry.session_id)
@@ -469,3 +564,48 @@ class Gateway:
                     await self.inbox.prune()
             except Exception:
                 logger.exception("retrying failed replies failed; trying again later")
+
+    # -- several processes (PostgreSQL) ---------------------------------------
+
+    async def _live_owners(self) -> set[str] | None:
+        """Instance ids with a valid lease (``None`` without a registry: take every row)."""
+        return None if self.instances is None else await self.instances.live_ids()
+
+    async def take_over(self) -> int:
+        """Resend replies and re-run turns that processes with an expired lease left behind.
+
+        Safe at any time and in every process at once: each row is claimed by
+        one of them. Returns how many replies and messages this process took.
+        """
+        connected = {n for n, a in self._adapters.items() if a.is_connected}
+        owed = await self.ledger.sweep_recoverable(deliverable_platforms=connected)
+        for obligation in owed:
+            await self._send(obligation, claimed=True)
+        live = await self._live_owners()
+        recovered = await self.inbox.recover(
+            self.settings.auto_continue_freshness_seconds,
+            live_owners=live if live is not None else {self.inbox.owner},
+        )
+        for entry in recovered:
+            self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
+        if recovered:
+            logger.info("took over %d message(s) of a process that stopped", len(recovered))
+        return len(owed) + len(recovered)
+
+    async def _takeover_loop(self) -> None:
+        assert self.instances is not None
+        loop = asyncio.get_running_loop()
+        next_prune = loop.time() + PRUNE_INTERVAL_SECONDS
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.instances.check_every)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.take_over()
+                await self.aliases.reload()  # other processes record chat migrations too
+                if loop.time() >= next_prune:
+                    next_prune = loop.time() + PRUNE_INTERVAL_SECONDS
+                    await self.instances.prune()
+            except Exception:
+                logger.exception("taking over work of stopped processes failed; trying again")

@@ -7,6 +7,14 @@ A row still ``received`` at start-up belongs to a turn that never committed:
 ``recover`` hands it back to be run again, unless it is too old to be worth
 answering (``expired``) or has already been retried too often (poison).
 
+Every row names the process that owns it (``owner_instance``: the one that
+accepted it, or the one that recovered it). On PostgreSQL several processes
+share the table: ``recover(live_owners=...)`` takes only rows whose owner is
+no longer alive, claiming them with ``FOR UPDATE SKIP LOCKED`` so two
+recovering processes never take the same row, and the turn's ``mark_done_in``
+is fenced by owner: a process whose row was taken over cannot commit that
+turn a second time (``InboxClaimLostError``).
+
 Rows hold raw ids and the message text because a re-run needs them; they are
 pruned after ``RETENTION``.
 """
@@ -16,14 +24,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
-from bot.core.memory import Transaction
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.memory import BaseSessionStore, Transaction
+from bot.errors import StorageError
 from bot.gateway.events import MessageEvent, SessionSource
+from bot.gateway.instances import Owner
 from bot.gateway.keys import hash_id
 from bot.gateway.schema import ensure_schema
 
@@ -31,6 +40,7 @@ __all__ = [
     "MAX_RECOVERIES",
     "RETENTION",
     "Inbox",
+    "InboxClaimLostError",
     "InboxEntry",
     "InboxState",
     "event_from_dict",
@@ -67,7 +77,14 @@ _MIGRATIONS: Final = {
         "updated_at REAL NOT NULL)",
         f"CREATE INDEX IF NOT EXISTS {_TABLE}_state_received ON {_TABLE} (state, received_at)",
     ),
+    # 2: owners, so several processes can share the table (rows before it have none).
+    2: (f"ALTER TABLE {_TABLE} ADD COLUMN owner_instance TEXT",),
 }
+
+
+class InboxClaimLostError(StorageError):
+    """Another process took this message over (this one's lease had expired); the turn
+    run here must not commit."""
 
 
 def _epoch(moment: datetime) -> float:
@@ -128,13 +145,22 @@ class Inbox:
 
     def __init__(
         self,
-        store: SQLiteSessionStore,
+        store: BaseSessionStore,
         *,
         clock: Callable[[], datetime] | None = None,
+        owner: str | None = None,
     ) -> None:
         self._store = store
         self._clock = clock or store.now
+        self._owner = owner or Owner.current().instance_id
+        # On PostgreSQL other processes may take rows over: fence the turn commit.
+        self._fenced = store.dialect == "postgres"
         self._opened = False
+
+    @property
+    def owner(self) -> str:
+        """Instance id stamped on rows this inbox accepts or recovers."""
+        return self._owner
 
     async def open(self) -> None:
         """Create or migrate the inbox table; idempotent."""
@@ -166,10 +192,19 @@ class Inbox:
                 return False
             inserted = await tx.execute(
                 f"INSERT INTO {_TABLE} (message_id, platform, session_key, session_id, "
-                "event_json, state, error, attempts, received_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, 'received', NULL, 0, ?, ?) "
+                "event_json, state, error, attempts, received_at, updated_at, owner_instance) "
+                "VALUES (?, ?, ?, ?, ?, 'received', NULL, 0, ?, ?, ?) "
                 "ON CONFLICT(message_id) DO NOTHING",
-                (event.message_id, event.platform, session_key, session_id, payload, now, now),
+                (
+                    event.message_id,
+                    event.platform,
+                    session_key,
+                    session_id,
+                    payload,
+                    now,
+                    now,
+                    self._owner,
+                ),
             )
         # An existing row means the message was journaled before the dedup id
         # expired: still a duplicate.
@@ -181,15 +216,33 @@ class Inbox:
         """Mark a message ``done`` inside the caller's transaction (the turn's tx 2).
 
         Returns whether a row was updated. Errors propagate: the turn
-        transaction must roll back with them.
+        transaction must roll back with them. On PostgreSQL only a ``received``
+        row this process owns is closed; one another process took over (or
+        already answered) raises ``InboxClaimLostError``.
         """
         await self._ensure_open_in(tx)
+        now = _epoch(self._clock())
+        if not self._fenced:
+            changed = await tx.execute(
+                f"UPDATE {_TABLE} SET state = 'done', error = ?, updated_at = ? "
+                "WHERE message_id = ? AND state != 'done'",
+                (error, now, message_id),
+            )
+            return changed > 0
         changed = await tx.execute(
             f"UPDATE {_TABLE} SET state = 'done', error = ?, updated_at = ? "
-            "WHERE message_id = ? AND state != 'done'",
-            (error, _epoch(self._clock()), message_id),
+            "WHERE message_id = ? AND state = 'received' AND owner_instance = ?",
+            (error, now, message_id, self._owner),
         )
-        return changed > 0
+        if changed > 0:
+            return True
+        row = await tx.fetchone(f"SELECT state FROM {_TABLE} WHERE message_id = ?", (message_id,))
+        if row is None:
+            return False
+        raise InboxClaimLostError(
+            f"inbox message {_ref(message_id)} is {row[0]} and owned by another process; "
+            "this process's turn for it is discarded"
+        )
 
     async def mark_done(self, message_id: str, error: str | None = None) -> bool:
         """Mark a message ``done`` in its own transaction (a turn that failed for good).
@@ -201,16 +254,22 @@ class Inbox:
         async with self._store.transaction() as tx:
             return await self.mark_done_in(tx, message_id, error)
 
-    async def recover(self, freshness_seconds: float) -> list[InboxEntry]:
+    async def recover(
+        self, freshness_seconds: float, *, live_owners: Collection[str] | None = None
+    ) -> list[InboxEntry]:
         """Hand back the messages whose turn never committed, oldest first.
 
-        Call it once at start-up, before adapters deliver new messages: a
-        ``received`` row of a turn still running in this process would be run
-        twice. Rows older than ``freshness_seconds`` become ``expired`` (an
-        answer hours late is worse than none); rows already recovered
-        ``MAX_RECOVERIES`` times are marked ``done`` with an error (a message
-        that crashes the process must not crash it forever). Each returned
-        entry has had its ``attempts`` counted.
+        Without ``live_owners`` every ``received`` row is taken: call it once
+        at start-up, before adapters deliver new messages (a row of a turn
+        still running in this process would be run twice). With
+        ``live_owners`` (instance ids of the processes alive now, this one
+        included) only rows of other owners are taken, so it may run at any
+        time, in any number of processes: each row goes to one of them (it
+        becomes this inbox's row). Rows older than ``freshness_seconds`` become
+        ``expired`` (an answer hours late is worse than none); rows already
+        recovered ``MAX_RECOVERIES`` times are marked ``done`` with an error (a
+        message that crashes the process must not crash it forever). Each
+        returned entry has had its ``attempts`` counted.
         """
         await self._ensure_open()
         now_dt = self._clock()
@@ -218,11 +277,22 @@ class Inbox:
         cutoff = now - freshness_seconds
         entries: list[InboxEntry] = []
         expired = 0
+        where = "state = 'received'"
+        params: list[str] = []
+        if live_owners is not None:
+            live = sorted({*live_owners, self._owner})
+            where += (
+                " AND (owner_instance IS NULL OR owner_instance NOT IN "
+                f"({', '.join('?' * len(live))}))"
+            )
+            params.extend(live)
+        # Rows another recovering process holds right now are its own; skip them.
+        lock = " FOR UPDATE SKIP LOCKED" if self._store.dialect == "postgres" else ""
         async with self._store.transaction() as tx:
             rows = await tx.fetchall(
                 f"SELECT message_id, session_key, session_id, event_json, attempts, received_at "
-                f"FROM {_TABLE} WHERE state = 'received' ORDER BY received_at, message_id",
-                (),
+                f"FROM {_TABLE} WHERE {where} ORDER BY received_at, message_id{lock}",
+                params,
             )
             for message_id, session_key, session_id, event_json, attempts, received_at in rows:
                 if float(received_at) < cutoff:
@@ -242,9 +312,9 @@ class Inbox:
                     await self._give_up(tx, message_id, "unreadable inbox row", now)
                     continue
                 await tx.execute(
-                    f"UPDATE {_TABLE} SET attempts = attempts + 1, updated_at = ? "
-                    "WHERE message_id = ?",
-                    (now, message_id),
+                    f"UPDATE {_TABLE} SET attempts = attempts + 1, updated_at = ?, "
+                    "owner_instance = ? WHERE message_id = ?",
+                    (now, self._owner, message_id),
                 )
                 entries.append(
                     InboxEntry(
@@ -257,7 +327,7 @@ class Inbox:
                 )
         if expired:
             logger.warning(
-                "%d unanswered message(s) older than %.0f s expired at start-up",
+                "%d unanswered message(s) older than %.0f s expired",
                 expired,
                 freshness_seconds,
             )
@@ -284,7 +354,7 @@ class Inbox:
         while True:
             async with self._store.transaction() as tx:
                 deleted = await tx.execute(
-                    f"DELETE FROM {_TABLE} WHERE rowid IN (SELECT rowid FROM {_TABLE} "
+                    f"DELETE FROM {_TABLE} WHERE message_id IN (SELECT message_id FROM {_TABLE} "
                     "WHERE state IN ('done', 'expired') AND received_at < ? LIMIT ?)",
                     (cutoff, _PRUNE_BATCH),
                 )

@@ -19,11 +19,14 @@ import os
 import re
 import secrets
 import stat
+import time
 from pathlib import Path
 
+from bot.core.memory import BaseSessionStore
 from bot.core.paths import is_path_unsafe, is_session_key_unsafe
-from bot.errors import ConfigurationError
+from bot.errors import ConfigurationError, StorageError
 from bot.gateway.events import SessionSource
+from bot.gateway.schema import ensure_schema
 
 __all__ = [
     "KEY_PREFIX",
@@ -36,6 +39,7 @@ __all__ = [
     "is_path_unsafe",
     "is_session_key_unsafe",
     "load_or_create_secret",
+    "load_or_create_shared_secret",
     "session_id_for",
 ]
 
@@ -48,6 +52,15 @@ SECRET_FILE_NAME = "secret.key"
 """Name of the installation secret inside the data directory."""
 
 _SECRET_BYTES = 32
+_SECRET_NAME = "installation"
+_SECRETS_MIGRATIONS = {
+    1: (
+        "CREATE TABLE IF NOT EXISTS chatflow_secrets ("
+        "name TEXT PRIMARY KEY NOT NULL, "
+        "value TEXT NOT NULL, "
+        "created_at REAL NOT NULL)",
+    ),
+}
 _PLATFORM_RE = re.compile(r"[a-z0-9_]+")
 _ID_PLATFORM_RE = re.compile(r"[^a-z0-9_]")
 
@@ -202,4 +215,39 @@ def _read_secret_file(path: Path) -> bytes:
             "or delete it to start over (every session key will change)",
             setting="DATA_DIR",
         )
+    return secret
+
+
+async def load_or_create_shared_secret(store: BaseSessionStore) -> bytes:
+    """The installation secret kept in the database, created by whichever process asks first.
+
+    Used on PostgreSQL, where several processes (with their own data
+    directories, on several hosts) must key their hashes alike or the same
+    user would get a different session in each. The first caller inserts 32
+    random bytes (``INSERT ... ON CONFLICT DO NOTHING``); every caller reads
+    back the one stored. Whoever can read the database can read the secret:
+    they can read the raw ids in the inbox and ledger rows anyway.
+    """
+    candidate = secrets.token_bytes(_SECRET_BYTES).hex()
+    async with store.transaction() as tx:
+        await ensure_schema(tx, "secrets", _SECRETS_MIGRATIONS)
+        created = await tx.execute(
+            "INSERT INTO chatflow_secrets (name, value, created_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (name) DO NOTHING",
+            (_SECRET_NAME, candidate, time.time()),
+        )
+        row = await tx.fetchone(
+            "SELECT value FROM chatflow_secrets WHERE name = ?", (_SECRET_NAME,)
+        )
+    try:
+        secret = bytes.fromhex(str(row[0])) if row is not None else b""
+    except ValueError:
+        secret = b""
+    if len(secret) != _SECRET_BYTES:
+        raise StorageError(
+            f"chatflow_secrets holds no valid {_SECRET_BYTES}-byte installation secret; restore "
+            "it from a backup (replacing it moves every user to a new session)"
+        )
+    if created == 1:
+        logger.info("created a new installation secret in the database")
     return secret

@@ -18,10 +18,14 @@ it is part of the turn's transaction.
 
 The owner of a row is ``(pid, instance id)``; the instance id is new in every
 process, so a restarted process that got the same pid (PID 1 in a container)
-still sees the old owner as dead. Liveness of another pid is checked with
-``os.kill(pid, 0)`` and, on Linux, the process start time, which catches an
-unrelated program that reused the pid. One database file is shared only by
-processes on one host (DESIGN §5 covers several hosts).
+still sees the old owner as dead. On SQLite (one host) liveness of another pid
+is checked with ``os.kill(pid, 0)`` and, on Linux, the process start time,
+which catches an unrelated program that reused the pid. On PostgreSQL (several
+processes, several hosts) an owner is alive iff its lease in
+``chatflow_instances`` has not expired (``bot.gateway.instances``), and the
+updates a process makes around its own sends are guarded by owner, so a
+process that stalled past its lease cannot undo the work of the one that took
+its rows over.
 """
 
 from __future__ import annotations
@@ -30,18 +34,23 @@ import builtins
 import hashlib
 import json
 import logging
-import os
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
-from bot.core.memory import Transaction
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.memory import BaseSessionStore, Transaction
 from bot.errors import StorageError
+from bot.gateway.instances import (
+    Owner,
+    OwnerLiveness,
+    ensure_instances_schema,
+    is_owner_alive,
+    lease_liveness,
+)
+from bot.gateway.instances import _process_start_ticks as _process_start_ticks
 from bot.gateway.schema import ensure_schema
 
 __all__ = [
@@ -54,6 +63,7 @@ __all__ = [
     "Obligation",
     "ObligationState",
     "Owner",
+    "OwnerLiveness",
     "compute_obligation_id",
     "is_owner_alive",
 ]
@@ -140,77 +150,8 @@ def compute_obligation_id(session_key: str, message_ref: str, content: str) -> s
 
 # -- owners -------------------------------------------------------------------
 
-
-def _process_start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux ``/proc``), else ``None``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-        # The command name (field 2) may hold spaces and parentheses: split after it.
-        fields = data[data.rindex(b")") + 2 :].split()
-        return int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """Which process owns a ledger row."""
-
-    pid: int
-    """Operating-system process id."""
-    instance_id: str
-    """Random id (uuid4 hex) made once per process: tells a restarted process from its
-    predecessor when both got the same pid."""
-    started: int | None = None
-    """Process start time in clock ticks since boot (Linux), to detect a pid reused by
-    another program; ``None`` where unknown."""
-
-    @classmethod
-    def current(cls) -> Owner:
-        """This process's owner identity (one per process; renewed after a fork)."""
-        global _current_owner
-        pid = os.getpid()
-        if _current_owner is None or _current_owner.pid != pid:
-            _current_owner = cls(pid, uuid.uuid4().hex, _process_start_ticks(pid))
-        return _current_owner
-
-
-_current_owner: Owner | None = None
-
 _NOBODY: Final = Owner(0, "")
 """Owner of rows the operator re-queued: nobody, so any sweep may claim them."""
-
-
-def is_owner_alive(owner: Owner) -> bool:
-    """Whether the process that owns a row may still be working on it.
-
-    Dead when: the pid is not positive; the pid is ours but the instance id is
-    not (we are a restarted process that got the same pid); no process has
-    that pid; or (Linux) the process with that pid started at another time. On
-    systems without POSIX signals every other pid counts as alive (rows then
-    wait for ``STALE_AFTER``).
-    """
-    if owner.pid <= 0:
-        return False
-    me = Owner.current()
-    if owner.pid == me.pid:
-        return owner.instance_id == me.instance_id
-    if os.name != "posix":
-        return True
-    try:
-        os.kill(owner.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # the pid exists but belongs to another user
-    except OSError:
-        return True
-    if owner.started is not None:
-        started = _process_start_ticks(owner.pid)
-        if started is not None and started != owner.started:
-            return False
-    return True
 
 
 # -- obligations --------------------------------------------------------------
@@ -337,15 +278,21 @@ class DeliveryLedger:
 
     def __init__(
         self,
-        store: SQLiteSessionStore,
+        store: BaseSessionStore,
         *,
         clock: Callable[[], datetime] | None = None,
         owner: Owner | None = None,
+        liveness: OwnerLiveness | None = None,
     ) -> None:
         self._store = store
         self._clock = clock or store.now
         self._owner = owner or Owner.current()
         self._opened = False
+        # PostgreSQL: owners hold leases, and updates around a send are fenced by owner.
+        self._fenced = store.dialect == "postgres"
+        if liveness is None and self._fenced:
+            liveness = lease_liveness(store)
+        self._liveness = liveness
 
     @property
     def owner(self) -> Owner:
@@ -356,12 +303,16 @@ class DeliveryLedger:
         """Create or migrate the ledger tables; idempotent."""
         async with self._store.transaction() as tx:
             await ensure_schema(tx, _COMPONENT, _MIGRATIONS)
+            if self._fenced:
+                await ensure_instances_schema(tx)  # leases decide who is alive
         self._opened = True
 
     async def _ensure_open_in(self, tx: Transaction) -> None:
         # Not marked open here: the caller's transaction may still roll back.
         if not self._opened:
             await ensure_schema(tx, _COMPONENT, _MIGRATIONS)
+            if self._fenced:
+                await ensure_instances_schema(tx)
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[Transaction]:
@@ -374,10 +325,18 @@ class DeliveryLedger:
     def _now(self, now: datetime | None = None) -> float:
         return _epoch(now if now is not None else self._clock())
 
-    def _is_alive(self, owner: Owner) -> bool:
+    async def _is_alive(self, owner: Owner) -> bool:
         if owner.pid == self._owner.pid and owner.instance_id == self._owner.instance_id:
             return True
+        if self._liveness is not None:
+            return await self._liveness(owner)
         return is_owner_alive(owner)
+
+    def _fence(self) -> tuple[str, tuple[str, ...]]:
+        """WHERE clause (and parameter) that keeps an update to our own rows on PostgreSQL."""
+        if self._fenced:
+            return " AND owner_instance = ?", (self._owner.instance_id,)
+        return "", ()
 
     # -- recording -------------------------------------------------------------
 
@@ -480,14 +439,24 @@ class DeliveryLedger:
         """
         now = self._now()
         me = self._owner
+        fence, fence_params = self._fence()
         try:
             async with self._tx() as tx:
                 changed = await tx.execute(
                     f"UPDATE {_TABLE} SET state = 'attempting', attempts = attempts + 1, "
                     "owner_pid = ?, owner_instance = ?, owner_started = ?, "
                     "next_attempt_at = NULL, updated_at = ? "
-                    "WHERE obligation_id = ? AND state IN ('pending', 'failed') AND attempts < ?",
-                    (me.pid, me.instance_id, me.started, now, obligation_id, MAX_ATTEMPTS),
+                    "WHERE obligation_id = ? AND state IN ('pending', 'failed') AND attempts < ?"
+                    + fence,
+                    (
+                        me.pid,
+                        me.instance_id,
+                        me.started,
+                        now,
+                        obligation_id,
+                        MAX_ATTEMPTS,
+                        *fence_params,
+                    ),
                 )
                 if changed == 1:
                     return True
@@ -588,12 +557,30 @@ class DeliveryLedger:
                     new_state, next_at = "abandoned", None
                     if retryable:
                         error = _clip(f"{error} (gave up after {attempts} attempts)")
-                await tx.execute(
+                fence, fence_params = self._fence()
+                changed = await tx.execute(
                     f"UPDATE {_TABLE} SET state = ?, attempts = ?, last_error = ?, "
                     "next_attempt_at = ?, maybe_delivered = COALESCE(?, maybe_delivered), "
-                    "updated_at = ? WHERE obligation_id = ? AND state = ?",
-                    (new_state, attempts, error, next_at, maybe, now, obligation_id, state),
+                    "updated_at = ? WHERE obligation_id = ? AND state = ?" + fence,
+                    (
+                        new_state,
+                        attempts,
+                        error,
+                        next_at,
+                        maybe,
+                        now,
+                        obligation_id,
+                        state,
+                        *fence_params,
+                    ),
                 )
+                if changed != 1 and self._fenced:
+                    logger.info(
+                        "obligation %s was taken over by another process; its failure here "
+                        "is not recorded",
+                        obligation_id,
+                    )
+                    return False
         except _STORAGE_ERRORS as exc:
             self._log_storage_failure("mark failed", obligation_id, exc)
             return False
@@ -652,7 +639,8 @@ class DeliveryLedger:
         """Claim the rows a dead process owed and return them for a resend.
 
         Looks at ``pending``/``attempting``/``failed`` rows whose owner is dead
-        (see ``is_owner_alive``). Rows older than ``STALE_AFTER`` or with
+        (``is_owner_alive`` on SQLite, an expired lease on PostgreSQL, or the
+        ``liveness`` given). Rows older than ``STALE_AFTER`` or with
         ``MAX_ATTEMPTS`` attempts used become ``abandoned`` (logged). Rows of a
         platform not in ``deliverable_platforms`` are otherwise left alone, no
         attempt spent. ``failed`` rows whose retry is not yet due are adopted
@@ -681,7 +669,7 @@ class DeliveryLedger:
             for values in rows:
                 row = _row(values)
                 if row.owner not in alive:
-                    alive[row.owner] = self._is_alive(row.owner)
+                    alive[row.owner] = await self._is_alive(row.owner)
                 if alive[row.owner]:
                     continue
                 candidates.append(row)

@@ -1,9 +1,15 @@
-"""Schema versions of the gateway's own tables (inbox, ledger).
+"""Schema versions of the gateway's own tables (inbox, ledger, aliases, instances).
 
-The session store versions its tables with ``PRAGMA user_version``; that
+The SQLite store versions its tables with ``PRAGMA user_version``; that
 single number belongs to the store, so each gateway component records its own
 version in ``chatflow_schema_versions(component, version)`` and migrates
 forward inside one transaction.
+
+Migrations are written once, in SQLite's types; ``portable_ddl`` adapts them to
+the transaction's dialect. On PostgreSQL every migration (and every read of a
+version) first takes a transaction-scoped advisory lock, so several processes
+starting at once migrate one after the other and never collide on
+``CREATE TABLE``; the later ones find the work done.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from bot.core.memory import Transaction
+from bot.core.sql import MIGRATION_LOCK_KEY, portable_ddl
 from bot.errors import SchemaVersionError
 
-__all__ = ["VERSIONS_TABLE", "ensure_schema", "schema_version_in"]
+__all__ = ["VERSIONS_TABLE", "ensure_schema", "lock_migrations_in", "schema_version_in"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +35,18 @@ _CREATE_VERSIONS = (
 )
 
 
+async def lock_migrations_in(tx: Transaction) -> None:
+    """On PostgreSQL, wait for the migration lock (held until ``tx`` ends); no-op on SQLite.
+
+    SQLite needs none: its write transactions already exclude each other.
+    """
+    if tx.dialect == "postgres":
+        await tx.fetchall("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK_KEY,))
+
+
 async def schema_version_in(tx: Transaction, component: str) -> int:
     """The recorded schema version of ``component`` (0 when it has none yet)."""
+    await lock_migrations_in(tx)
     await tx.execute(_CREATE_VERSIONS, ())
     rows = await tx.fetchall(
         f"SELECT version FROM {VERSIONS_TABLE} WHERE component = ?", (component,)
@@ -58,7 +75,7 @@ async def ensure_schema(
         )
     for version in range(current + 1, target + 1):
         for statement in migrations[version]:
-            await tx.execute(statement, ())
+            await tx.execute(portable_ddl(statement, tx.dialect), ())
     if current != target:
         await tx.execute(
             f"INSERT INTO {VERSIONS_TABLE} (component, version) VALUES (?, ?) "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ import pytest
 from bot.core.agent import Agent
 from bot.core.memory import BaseSessionStore, SessionStore
 from bot.core.sqlite_store import SQLiteSessionStore
+from tests.pgtest import fresh_schema
 
-STORE_KINDS = ("memory", "sqlite-file", "sqlite-memory")
+STORE_KINDS = ("memory", "sqlite-file", "sqlite-memory", "postgres")
 
 
 class FakeClock:
@@ -46,25 +48,32 @@ def agent() -> Agent:
 async def store_factory(
     request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
 ) -> AsyncIterator[StoreFactory]:
-    """Builds stores of the parametrised kind (sharing one file for sqlite-file); closes them."""
+    """Builds stores of the parametrised kind (sharing one file for sqlite-file, one schema
+    for postgres); closes them."""
     kind: str = request.param
     made: list[BaseSessionStore] = []
+    async with AsyncExitStack() as stack:
+        dsn = await stack.enter_async_context(fresh_schema()) if kind == "postgres" else ""
 
-    def make(**kwargs: Any) -> BaseSessionStore:
-        kwargs.setdefault("clock", clock)
-        store: BaseSessionStore
-        if kind == "memory":
-            store = SessionStore(**kwargs)
-        elif kind == "sqlite-file":
-            store = SQLiteSessionStore(tmp_path / "chatflow.db", **kwargs)
-        else:
-            store = SQLiteSessionStore(":memory:", **kwargs)
-        made.append(store)
-        return store
+        def make(**kwargs: Any) -> BaseSessionStore:
+            kwargs.setdefault("clock", clock)
+            store: BaseSessionStore
+            if kind == "memory":
+                store = SessionStore(**kwargs)
+            elif kind == "sqlite-file":
+                store = SQLiteSessionStore(tmp_path / "chatflow.db", **kwargs)
+            elif kind == "postgres":
+                from bot.core.postgres_store import PostgresSessionStore
 
-    yield make
-    for store in made:
-        await store.close()
+                store = PostgresSessionStore(dsn, **kwargs)
+            else:
+                store = SQLiteSessionStore(":memory:", **kwargs)
+            made.append(store)
+            return store
+
+        yield make
+        for store in made:
+            await store.close()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Behaviour every session store shares (in-memory, SQLite file, SQLite in memory)."""
+"""Behaviour every session store shares (in-memory, SQLite file and in memory, PostgreSQL)."""
 
 from __future__ import annotations
 

@@ -229,6 +229,13 @@ def check_entities(text: str, parse_mode: str) -> str | None:
     return f"Unsupported parse_mode {parse_mode!r}"
 
 
+class _BotApiResponse(JSONResponse):
+    """JSON with non-ASCII escaped: the same JSON, and a lone surrogate can travel ("\\ud800")."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 class _ApiError(Exception):
     def __init__(
         self, status: int, description: str, parameters: dict[str, Any] | None = None
@@ -455,7 +462,7 @@ class FakeTelegramServer:
             result = await handler(params)
         except _ApiError as exc:
             return self._error(exc)
-        return JSONResponse({"ok": True, "result": result})
+        return _BotApiResponse({"ok": True, "result": result})
 
     def _token_ok(self, token: str) -> bool:
         return token == self.token
@@ -486,7 +493,7 @@ class FakeTelegramServer:
         }
         if exc.parameters:
             body["parameters"] = exc.parameters
-        return JSONResponse(body, status_code=exc.status)
+        return _BotApiResponse(body, status_code=exc.status)
 
     async def _hang(self) -> None:
         await self._hang_release.wait()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import secrets
 import socket
@@ -108,6 +109,8 @@ class FakeWhatsAppServer:
         """Requests answered with an error."""
         self.hung: list[RecordedRequest] = []
         """Requests held open by ``inject_hang``."""
+        self.sent_wamids: list[str] = []
+        """The wamid answered to each entry of ``sent``, in the same order."""
         self.on_send: Callable[[RecordedRequest], None] | None = None
         """Called with each accepted (or held) send once it is recorded, before the answer."""
         self.port = 0
@@ -290,9 +293,11 @@ class FakeWhatsAppServer:
             self._notify_send(record)
             await self._release.wait()
             return _sent_response(body)
+        response = _sent_response(body)
+        self.sent_wamids.append(json.loads(bytes(response.body))["messages"][0]["id"])
         await self._record(self.sent, record)
         self._notify_send(record)
-        return _sent_response(body)
+        return response
 
     def _notify_send(self, record: RecordedRequest) -> None:
         if self.on_send is not None:

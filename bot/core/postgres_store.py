@@ -1,0 +1,828 @@
+"""PostgreSQL session store (asyncpg): the SQLite store's tables and rules, for several processes.
+
+Same tables, columns and semantics as ``SQLiteSessionStore`` (DESIGN §3.3):
+saves write only what changed, in one transaction, with the caller's ``also``
+hook inside it; a stale context cannot overwrite a newer turn; dedup claims are
+one ``INSERT ... ON CONFLICT`` on a unique key, so of any number of processes
+exactly one wins an id.
+
+Connections
+    Two asyncpg pools. The main pool runs transactions (each ``transaction()``
+    block holds one connection for its duration). The lock pool only holds
+    session locks: a turn keeps its lock connection while the model works, and
+    a separate pool means a process full of waiting turns can never starve the
+    turns that hold a lock of the connections they need to save.
+
+Per-session order across processes
+    ``session_lock`` takes the in-process lock first (coroutines of one process
+    queue locally), then a session-level ``pg_advisory_lock`` keyed by a 64-bit
+    hash of (database, schema, session id) on a lock-pool connection, held for
+    the whole turn. The server releases it when the holder's connection ends,
+    so a killed process never leaves a session locked (TCP keepalives, set per
+    connection, make it notice a dead host within ~25 s). Should a lock be lost
+    anyway (a network partition), the save's own check refuses a stale context
+    (``StorageError``), so two turns still cannot interleave.
+
+Migrations
+    Versioned in ``chatflow_schema_versions`` (component ``session_store``; the
+    gateway records its own components there) and run under a
+    transaction-scoped advisory lock, so processes starting together migrate
+    once and never collide on ``CREATE TABLE``.
+
+Errors
+    asyncpg and connection errors become ``StorageError``; the DSN (it may hold
+    a password) never appears in a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+import asyncpg
+
+from bot.core.agent import Agent
+from bot.core.memory import (
+    DEFAULT_DEDUP_TTL_HOURS,
+    DEFAULT_MAX_TURNS,
+    PURGE_BATCH_SIZE,
+    BaseSessionStore,
+    SaveHook,
+    SessionContext,
+    SessionDeletedError,
+    Transaction,
+    _Changes,
+    _check_message_id,
+    _utc,
+    dump_metadata,
+    log_session_id,
+    seq_runs,
+    validate_session_id,
+)
+from bot.core.messages import Message
+from bot.core.sql import (
+    MIGRATION_LOCK_KEY,
+    advisory_key,
+    is_postgres_url,
+    qmark_to_dollar,
+    redact_dsn,
+    rowcount_from_status,
+)
+from bot.errors import SchemaVersionError, StorageError
+
+__all__ = [
+    "DEFAULT_MAX_LOCK_CONNECTIONS",
+    "DEFAULT_MAX_POOL",
+    "SCHEMA_VERSION",
+    "PostgresSessionStore",
+    "is_postgres_url",
+    "redact_dsn",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_POOL: Final = 10
+"""Connections of the main pool (transactions)."""
+DEFAULT_MAX_LOCK_CONNECTIONS: Final = 10
+"""Connections of the lock pool: the most session locks one store holds at once."""
+CONNECT_TIMEOUT_SECONDS: Final = 10.0
+"""How long opening one connection may take."""
+CLOSE_TIMEOUT_SECONDS: Final = 10.0
+"""How long ``close`` waits for borrowed connections before cutting them."""
+SERVER_SETTINGS: Final = {
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+}
+"""Per-connection server settings: the server notices within ~25 s that the host of a
+connection died (power loss, partition) and drops its locks; the default is hours."""
+
+_COMPONENT: Final = "session_store"
+_VERSIONS_TABLE: Final = "chatflow_schema_versions"
+_CREATE_VERSIONS: Final = (
+    f"CREATE TABLE IF NOT EXISTS {_VERSIONS_TABLE} ("
+    "component TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL)"
+)
+
+_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    # 1: the initial schema (DESIGN §3.3), column for column the SQLite one.
+    (
+        """CREATE TABLE chatflow_sessions (
+            session_id TEXT PRIMARY KEY NOT NULL,
+            active_agent_name TEXT NOT NULL,
+            metadata_json TEXT NOT NULL DEFAULT '{}',
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        )""",
+        """CREATE TABLE chatflow_messages (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            session_id TEXT NOT NULL
+                REFERENCES chatflow_sessions (session_id) ON DELETE CASCADE,
+            seq BIGINT NOT NULL,
+            role TEXT NOT NULL,
+            message_json TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX chatflow_messages_session_seq ON chatflow_messages (session_id, seq)",
+        """CREATE TABLE chatflow_processed_messages (
+            message_id TEXT PRIMARY KEY NOT NULL,
+            processed_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX chatflow_processed_messages_processed_at "
+        "ON chatflow_processed_messages (processed_at)",
+        "CREATE INDEX chatflow_sessions_updated_at ON chatflow_sessions (updated_at)",
+    ),
+)
+
+SCHEMA_VERSION: Final = len(_MIGRATIONS)
+"""The ``session_store`` version this code writes and understands."""
+
+_TABLES: Final = ("chatflow_sessions", "chatflow_messages", "chatflow_processed_messages")
+_REQUIRED_COLUMNS: Final[Mapping[str, frozenset[str]]] = {
+    "chatflow_sessions": frozenset(
+        {"session_id", "active_agent_name", "metadata_json", "created_at", "updated_at"}
+    ),
+    "chatflow_messages": frozenset(
+        {"id", "session_id", "seq", "role", "message_json", "created_at"}
+    ),
+    "chatflow_processed_messages": frozenset({"message_id", "processed_at"}),
+}
+
+_CLAIM_SQL: Final = (
+    "INSERT INTO chatflow_processed_messages (message_id, processed_at) VALUES (?, ?) "
+    "ON CONFLICT (message_id) DO UPDATE SET processed_at = excluded.processed_at "
+    "WHERE chatflow_processed_messages.processed_at < ?"
+)
+_MARK_SQL: Final = (
+    "INSERT INTO chatflow_processed_messages (message_id, processed_at) VALUES (?, ?) "
+    "ON CONFLICT (message_id) DO UPDATE SET processed_at = excluded.processed_at"
+)
+_PURGE_SQL: Final = (
+    "DELETE FROM chatflow_processed_messages WHERE message_id IN ("
+    "SELECT message_id FROM chatflow_processed_messages WHERE processed_at < ? "
+    "ORDER BY processed_at LIMIT ? FOR UPDATE SKIP LOCKED)"
+)
+_INSERT_MESSAGE_SQL: Final = (
+    "INSERT INTO chatflow_messages (session_id, seq, role, message_json, created_at) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_SESSION_SQL: Final = (
+    "INSERT INTO chatflow_sessions (session_id, active_agent_name, metadata_json, "
+    "created_at, updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"
+)
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    _Conn: TypeAlias = PoolConnectionProxy[asyncpg.Record]
+
+# What can go wrong talking to the server, translated to StorageError where it enters.
+_DB_ERRORS: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+def _iso(value: datetime) -> str:
+    return _utc(value).isoformat(timespec="microseconds")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _PgTransaction:
+    """The ``Transaction`` of ``PostgresSessionStore``: ``?`` SQL on one connection."""
+
+    __slots__ = ("_active", "_conn")
+
+    dialect: Final = "postgres"
+    """Statements are PostgreSQL SQL, written with ``?`` placeholders."""
+
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+        self._active = True
+
+    def _connection(self) -> _Conn:
+        if not self._active:
+            raise StorageError("this transaction has ended")
+        return self._conn
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; return the number of rows it changed (-1 if none apply)."""
+        conn = self._connection()
+        try:
+            status = await conn.execute(qmark_to_dollar(sql), *params)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL statement failed: {_describe(exc)}") from exc
+        return rowcount_from_status(status)
+
+    async def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per parameter set."""
+        conn = self._connection()
+        batch = [tuple(params) for params in seq_of_params]
+        if not batch:
+            return
+        try:
+            await conn.executemany(qmark_to_dollar(sql), batch)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL statement failed: {_describe(exc)}") from exc
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a query and return every row."""
+        conn = self._connection()
+        try:
+            rows = await conn.fetch(qmark_to_dollar(sql), *params)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
+        return [tuple(row) for row in rows]
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """Run a query and return its first row, or ``None`` (use ``LIMIT`` for big results)."""
+        conn = self._connection()
+        try:
+            row = await conn.fetchrow(qmark_to_dollar(sql), *params)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
+        return None if row is None else tuple(row)
+
+
+class PostgresSessionStore(BaseSessionStore):
+    """Sessions, messages and dedup ids in PostgreSQL, shared by any number of processes.
+
+    ``dsn`` is a ``postgresql://`` (or ``postgres://``) URL; extra query
+    parameters are server settings (``?search_path=tenant_a`` keeps the tables
+    in that schema). Opens lazily on first use (or ``await store.open()``);
+    ``close()`` is final. Unknown keyword arguments raise ``TypeError``.
+    """
+
+    dialect = "postgres"
+
+    def __init__(
+        self,
+        dsn: str,
+        default_max_turns: int = DEFAULT_MAX_TURNS,
+        *,
+        dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
+        clock: Callable[[], datetime] | None = None,
+        min_pool: int = 1,
+        max_pool: int = DEFAULT_MAX_POOL,
+        max_lock_connections: int = DEFAULT_MAX_LOCK_CONNECTIONS,
+    ) -> None:
+        super().__init__(default_max_turns, dedup_ttl_hours=dedup_ttl_hours, clock=clock)
+        if not isinstance(dsn, str):
+            raise TypeError("dsn must be a str")
+        if not is_postgres_url(dsn):
+            raise ValueError("dsn must be a postgresql:// URL")
+        if not 0 <= min_pool <= max_pool or max_pool < 1:
+            raise ValueError("need 0 <= min_pool <= max_pool and max_pool >= 1")
+        if max_lock_connections < 1:
+            raise ValueError("max_lock_connections must be at least 1")
+        self._dsn = dsn
+        self._min_pool = min_pool
+        self._max_pool = max_pool
+        self._max_lock_connections = max_lock_connections
+        self._pool: asyncpg.Pool | None = None
+        self._lock_pool: asyncpg.Pool | None = None
+        self._closed = False
+        self._open_lock = asyncio.Lock()
+        self._lock_namespace = ""
+        # Tasks inside one of this store's transactions: their re-entry is refused,
+        # as on SQLite, so code written against either store behaves the same.
+        self._tx_tasks: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"<PostgresSessionStore {redact_dsn(self._dsn)}>"
+
+    @property
+    def display_dsn(self) -> str:
+        """The URL without its password, for logs and banners."""
+        return redact_dsn(self._dsn)
+
+    # -- connection -----------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create the pools and migrate the schema; idempotent."""
+        if self._closed:
+            raise StorageError("the session store is closed")
+        if self._pool is not None:
+            return
+        async with self._open_lock:
+            if self._closed:
+                raise StorageError("the session store is closed")
+            if self._pool is None:
+                await self._connect()
+
+    async def _connect(self) -> None:
+        try:
+            pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=self._min_pool,
+                max_size=self._max_pool,
+                timeout=CONNECT_TIMEOUT_SECONDS,
+                server_settings=SERVER_SETTINGS,
+            )
+        except _DB_ERRORS as exc:
+            raise StorageError(
+                f"cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: {_describe(exc)}"
+            ) from exc
+        try:
+            await self._migrate(pool)
+            lock_pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=0,
+                max_size=self._max_lock_connections,
+                timeout=CONNECT_TIMEOUT_SECONDS,
+                server_settings=SERVER_SETTINGS,
+            )
+        except BaseException as exc:
+            pool.terminate()
+            if isinstance(exc, _DB_ERRORS):
+                raise StorageError(f"cannot prepare the session tables: {_describe(exc)}") from exc
+            raise
+        self._pool = pool
+        self._lock_pool = lock_pool
+
+    async def _migrate(self, pool: asyncpg.Pool) -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+            names = await conn.fetchrow("SELECT current_database(), current_schema()")
+            database, schema = (None, None) if names is None else tuple(names)
+            if schema is None:
+                raise StorageError(
+                    "PostgreSQL has no schema to create tables in (check search_path)"
+                )
+            self._lock_namespace = f"{database}|{schema}"
+            await conn.execute(_CREATE_VERSIONS)
+            version = await conn.fetchval(
+                f"SELECT version FROM {_VERSIONS_TABLE} WHERE component = $1", _COMPONENT
+            )
+            version = int(version or 0)
+            if version > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"the session tables are at schema version {version}, newer than this "
+                    f"Chatflow knows ({SCHEMA_VERSION}); upgrade Chatflow or use another database"
+                )
+            if version == 0:
+                existing = await conn.fetch(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = current_schema() AND table_name = ANY($1::text[])",
+                    list(_TABLES),
+                )
+                if existing:
+                    raise SchemaVersionError(
+                        "the database already holds chatflow tables without a schema version "
+                        "(written by another program?); Chatflow cannot migrate them: use a "
+                        "new database or schema"
+                    )
+            for step in _MIGRATIONS[version:]:
+                for statement in step:
+                    await conn.execute(statement)
+            if version < SCHEMA_VERSION:
+                await conn.execute(
+                    f"INSERT INTO {_VERSIONS_TABLE} (component, version) VALUES ($1, $2) "
+                    "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+                    _COMPONENT,
+                    SCHEMA_VERSION,
+                )
+                logger.info(
+                    "session schema migrated from version %d to %d", version, SCHEMA_VERSION
+                )
+            rows = await conn.fetch(
+                "SELECT table_name, column_name FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = ANY($1::text[])",
+                list(_TABLES),
+            )
+            columns: dict[str, set[str]] = {}
+            for table, column in rows:
+                columns.setdefault(str(table), set()).add(str(column))
+            for table, required in _REQUIRED_COLUMNS.items():
+                missing = required - columns.get(table, set())
+                if missing:
+                    raise SchemaVersionError(
+                        f"table {table} lacks columns {sorted(missing)}: the database was "
+                        "written by another program; use a new database or schema"
+                    )
+
+    async def close(self) -> None:
+        """Close both pools; the store cannot be used afterwards. Idempotent."""
+        if asyncio.current_task() in self._tx_tasks:
+            raise StorageError("close() called inside the store's own transaction")
+        self._closed = True
+        async with self._open_lock:
+            pools = [p for p in (self._lock_pool, self._pool) if p is not None]
+            self._pool = self._lock_pool = None
+        for pool in pools:
+            try:
+                await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT_SECONDS)
+            except (TimeoutError, *_DB_ERRORS):
+                logger.warning("PostgreSQL pool did not close in time; cutting its connections")
+                pool.terminate()
+
+    async def _pools(self) -> tuple[asyncpg.Pool, asyncpg.Pool]:
+        await self.open()
+        pool, lock_pool = self._pool, self._lock_pool
+        if pool is None or lock_pool is None:
+            raise StorageError("the session store is closed")
+        return pool, lock_pool
+
+    @asynccontextmanager
+    async def _transaction(
+        self, *, read_only: bool = False, on_commit: Callable[[], None] | None = None
+    ) -> AsyncIterator[_PgTransaction]:
+        task = asyncio.current_task()
+        if task is not None and task in self._tx_tasks:
+            raise StorageError(
+                "the session store was used inside its own transaction; "
+                "run that SQL through the Transaction instead"
+            )
+        pool, _ = await self._pools()
+        try:
+            conn: _Conn = await pool.acquire()
+        except _DB_ERRORS as exc:
+            raise StorageError(f"cannot reach PostgreSQL: {_describe(exc)}") from exc
+        if task is not None:
+            self._tx_tasks.add(task)
+        try:
+            try:
+                await conn.execute("BEGIN READ ONLY" if read_only else "BEGIN")
+            except _DB_ERRORS as exc:
+                raise StorageError(f"cannot start a transaction: {_describe(exc)}") from exc
+            tx = _PgTransaction(conn)
+            try:
+                yield tx
+            except BaseException:
+                tx._active = False
+                await self._rollback(conn)
+                raise
+            tx._active = False
+            await self._commit(conn, on_commit)
+        finally:
+            if task is not None:
+                self._tx_tasks.discard(task)
+            await self._release(pool, conn)
+
+    async def _rollback(self, conn: _Conn) -> None:
+        try:
+            await asyncio.shield(conn.execute("ROLLBACK"))
+        except (asyncio.CancelledError, *_DB_ERRORS):
+            # The connection's state is unknown: drop it rather than hand it back.
+            logger.warning("rolling back a session-store transaction failed; dropping it")
+            conn.terminate()
+
+    async def _commit(self, conn: _Conn, on_commit: Callable[[], None] | None) -> None:
+        # Once COMMIT is sent its outcome is the server's: wait for it whatever
+        # happens to this task, so a session's bookkeeping always matches the rows.
+        commit = asyncio.ensure_future(conn.execute("COMMIT"))
+        cancelled = False
+        while not commit.done():
+            try:
+                await asyncio.wait({commit})
+            except asyncio.CancelledError:
+                cancelled = True
+        error = commit.exception()
+        if error is not None:
+            await self._rollback(conn)
+            if isinstance(error, _DB_ERRORS):
+                raise StorageError(f"commit failed: {_describe(error)}") from error
+            raise error
+        if on_commit is not None:
+            on_commit()
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _release(self, pool: asyncpg.Pool, conn: _Conn) -> None:
+        try:
+            await asyncio.shield(pool.release(conn))
+        except (asyncio.CancelledError, *_DB_ERRORS):
+            conn.terminate()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """An ``async with`` block running SQL in one transaction (``READ COMMITTED``).
+
+        Commits when the block ends normally, rolls back on any exception. Inside
+        the block use only the yielded ``Transaction``, not the store itself.
+        """
+        async with self._transaction() as tx:
+            yield tx
+
+    # -- session locks ---------------------------------------------------------------
+
+    def _session_key(self, session_id: str) -> int:
+        return advisory_key(f"chatflow-session|{self._lock_namespace}|{session_id}")
+
+    @asynccontextmanager
+    async def session_lock(self, session_id: str) -> AsyncIterator[None]:
+        """Serialise turns of ``session_id`` across every process on this database.
+
+        Not re-entrant. Held as a session-level advisory lock on a connection of
+        the lock pool; the server drops it if this process dies.
+        """
+        validate_session_id(session_id)
+        async with self._session_locks.hold(session_id):
+            _, lock_pool = await self._pools()
+            key = self._session_key(session_id)
+            try:
+                conn: _Conn = await lock_pool.acquire()
+            except _DB_ERRORS as exc:
+                raise StorageError(f"cannot reach PostgreSQL: {_describe(exc)}") from exc
+            try:
+                await conn.execute("SELECT pg_advisory_lock($1)", key)
+            except BaseException as exc:
+                # Cancelled or failed while waiting: the lock may have been granted
+                # meanwhile, so the connection goes (and the server frees the lock).
+                conn.terminate()
+                await self._release(lock_pool, conn)
+                if isinstance(exc, _DB_ERRORS):
+                    raise StorageError(f"cannot lock the session: {_describe(exc)}") from exc
+                raise
+            try:
+                yield
+            finally:
+                try:
+                    await asyncio.shield(conn.execute("SELECT pg_advisory_unlock($1)", key))
+                except (asyncio.CancelledError, *_DB_ERRORS):
+                    conn.terminate()
+                await self._release(lock_pool, conn)
+
+    # -- sessions -------------------------------------------------------------------
+
+    async def get_or_create(
+        self,
+        session_id: str,
+        default_agent: Agent,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SessionContext:
+        """Load the session, or create (and store) it with ``default_agent`` and ``metadata``.
+
+        ``metadata`` is used only when the session is created.
+        """
+        validate_session_id(session_id)
+        fresh = SessionContext(session_id, default_agent, self._default_max_turns, metadata)
+        metadata_json = dump_metadata(fresh.metadata)
+        now = _iso(self.now())
+        created = False
+        async with self._transaction() as tx:
+            row = await self._read_session(tx, session_id)
+            if row is None:
+                created = (
+                    await tx.execute(
+                        _INSERT_SESSION_SQL,
+                        (session_id, default_agent.name, metadata_json, now, now),
+                    )
+                    == 1
+                )
+                if not created:  # another process created it a moment ago
+                    row = await self._read_session(tx, session_id)
+            messages = [] if row is None else await self._read_messages(tx, session_id)
+        if created:
+            fresh._mark_saved(_Changes((), (), True), now)
+            context = fresh
+        elif row is None:
+            raise StorageError(
+                f"session {log_session_id(session_id)} was deleted while it was being created"
+            )
+        else:
+            context = self._build(session_id, row, messages, fallback=default_agent)
+        self._track(context)
+        return context
+
+    async def get(self, session_id: str) -> SessionContext | None:
+        """A fresh context for the stored session, or ``None``."""
+        validate_session_id(session_id)
+        async with self._transaction() as tx:
+            row = await self._read_session(tx, session_id)
+            messages = [] if row is None else await self._read_messages(tx, session_id)
+        if row is None:
+            return None
+        context = self._build(session_id, row, messages)
+        self._track(context)
+        return context
+
+    async def _read_session(self, tx: Transaction, session_id: str) -> tuple[Any, ...] | None:
+        # FOR SHARE: no save of this session can commit between this read and the
+        # messages read, so the two are one consistent state.
+        return await tx.fetchone(
+            "SELECT active_agent_name, metadata_json, created_at "
+            "FROM chatflow_sessions WHERE session_id = ? FOR SHARE",
+            (session_id,),
+        )
+
+    async def _read_messages(self, tx: Transaction, session_id: str) -> list[tuple[Any, ...]]:
+        return await tx.fetchall(
+            "SELECT seq, message_json FROM chatflow_messages WHERE session_id = ? ORDER BY seq",
+            (session_id,),
+        )
+
+    def _build(
+        self,
+        session_id: str,
+        row: tuple[Any, ...],
+        messages: list[tuple[Any, ...]],
+        *,
+        fallback: Agent | None = None,
+    ) -> SessionContext:
+        agent_name, metadata_json, created_at = row
+        try:
+            metadata = json.loads(metadata_json)
+        except (TypeError, ValueError):
+            metadata = None
+        if not isinstance(metadata, dict):
+            logger.warning(
+                "session %s: unreadable metadata replaced by {}", log_session_id(session_id)
+            )
+            metadata = {}
+        entries: list[tuple[int, Message]] = []
+        seqs: list[int] = []
+        for seq, message_json in messages:
+            seqs.append(int(seq))
+            try:
+                entries.append((int(seq), Message.model_validate_json(message_json)))
+            except (TypeError, ValueError) as exc:
+                # The row is deleted by the next save; its text never reaches the log.
+                logger.warning(
+                    "session %s: skipping unreadable message row seq=%s (%s)",
+                    log_session_id(session_id),
+                    seq,
+                    type(exc).__name__,
+                )
+        agent = self._resolve_agent(str(agent_name), fallback)
+        return SessionContext._restore(
+            session_id,
+            agent,
+            self._default_max_turns,
+            metadata,
+            entries,
+            seqs,
+            str(created_at),
+        )
+
+    async def save(self, session: SessionContext, *, also: SaveHook | None = None) -> None:
+        """Write the session's changes in one transaction (O(messages added or pruned)).
+
+        ``also(tx)`` runs last inside the same transaction: everything commits
+        together or nothing does, and on failure the session stays unsaved (a
+        later save writes the same changes). Raises ``SessionDeletedError`` if
+        the session was deleted (by any holder, in any process) since it was
+        loaded, and ``StorageError`` if another holder saved newer messages.
+        """
+        session_id = session.session_id
+        if session.deleted:
+            raise SessionDeletedError(f"session {log_session_id(session_id)} was deleted")
+        changes = session._pending_changes()
+        metadata_json = dump_metadata(session.metadata)
+        agent_name = session.active_agent.name
+        now = _iso(self.now())
+        inserts = [
+            (
+                session_id,
+                entry.seq,
+                entry.message.role.value,
+                entry.message.model_dump_json(),
+                _iso(entry.message.created_at),
+            )
+            for entry in changes.inserts
+        ]
+        incarnation = session._incarnation or now
+
+        def committed() -> None:
+            session._mark_saved(changes, incarnation)
+
+        async with self._transaction(on_commit=committed) as tx:
+            # FOR UPDATE: saves of one session queue here, whatever process runs them.
+            row = await tx.fetchone(
+                "SELECT created_at FROM chatflow_sessions WHERE session_id = ? FOR UPDATE",
+                (session_id,),
+            )
+            if not changes.replace:
+                if row is None or row[0] != session._incarnation:
+                    session._mark_deleted()
+                    raise SessionDeletedError(f"session {log_session_id(session_id)} was deleted")
+            elif row is None:
+                created = await tx.execute(
+                    _INSERT_SESSION_SQL, (session_id, agent_name, metadata_json, now, now)
+                )
+                if created != 1:
+                    # Created by someone else since the read: replace it like any row.
+                    row = await tx.fetchone(
+                        "SELECT created_at FROM chatflow_sessions WHERE session_id = ? FOR UPDATE",
+                        (session_id,),
+                    )
+                    if row is None:
+                        raise StorageError(
+                            f"session {log_session_id(session_id)} changed while it was saved"
+                        )
+            if changes.replace and row is not None:
+                # A context that was never loaded replaces whatever the store holds.
+                incarnation = str(row[0])
+                await tx.execute(
+                    "DELETE FROM chatflow_messages WHERE session_id = ?", (session_id,)
+                )
+            if row is not None:
+                await tx.execute(
+                    "UPDATE chatflow_sessions SET active_agent_name = ?, metadata_json = ?, "
+                    "updated_at = ? WHERE session_id = ?",
+                    (agent_name, metadata_json, now, session_id),
+                )
+            if changes.deletes:
+                await tx.executemany(
+                    "DELETE FROM chatflow_messages WHERE session_id = ? AND seq BETWEEN ? AND ?",
+                    [(session_id, first, last) for first, last in seq_runs(changes.deletes)],
+                )
+            if inserts:
+                try:
+                    await tx.executemany(_INSERT_MESSAGE_SQL, inserts)
+                except StorageError as exc:
+                    if isinstance(exc.__cause__, asyncpg.UniqueViolationError):
+                        raise StorageError(
+                            f"session {log_session_id(session_id)} changed in the store since "
+                            "this context was loaded; load it again "
+                            "(hold session_lock for a whole turn)"
+                        ) from exc.__cause__
+                    raise
+            if also is not None:
+                await also(tx)
+        self._track(session)
+
+    async def delete(self, session_id: str) -> bool:
+        """Delete the session and (by cascade) its messages; ``True`` if it existed."""
+        validate_session_id(session_id)
+        async with self._transaction() as tx:
+            deleted = await tx.execute(
+                "DELETE FROM chatflow_sessions WHERE session_id = ?", (session_id,)
+            )
+        self._mark_deleted(session_id)
+        return deleted > 0
+
+    async def list_sessions(self) -> list[str]:
+        """Ids of all stored sessions, most recently updated first."""
+        async with self._transaction(read_only=True) as tx:
+            rows = await tx.fetchall(
+                "SELECT session_id FROM chatflow_sessions ORDER BY updated_at DESC, session_id"
+            )
+        return [str(row[0]) for row in rows]
+
+    # -- dedup ----------------------------------------------------------------------
+
+    async def claim_message(self, message_id: str) -> bool:
+        """Atomically claim ``message_id``: ``True`` only for the first claim within the TTL,
+        across every process on the database (a unique key decides)."""
+        _check_message_id(message_id)
+        async with self._transaction() as tx:
+            return await self.claim_in(tx, message_id)
+
+    async def claim_in(self, tx: Transaction, message_id: str) -> bool:
+        """Claim ``message_id`` inside ``tx`` (a transaction of this store).
+
+        An id whose claim expired counts as unclaimed even before it is purged.
+        """
+        _check_message_id(message_id)
+        now = self.now()
+        await self._maybe_purge_in(tx, now)
+        changed = await tx.execute(
+            _CLAIM_SQL, (message_id, now.timestamp(), (now - self._dedup_ttl).timestamp())
+        )
+        return changed > 0
+
+    async def is_message_processed(self, message_id: str) -> bool:
+        """True if ``message_id`` was claimed or marked within the TTL."""
+        _check_message_id(message_id)
+        cutoff = (self.now() - self._dedup_ttl).timestamp()
+        async with self._transaction(read_only=True) as tx:
+            row = await tx.fetchone(
+                "SELECT 1 FROM chatflow_processed_messages "
+                "WHERE message_id = ? AND processed_at >= ?",
+                (message_id, cutoff),
+            )
+        return row is not None
+
+    async def mark_message_processed(self, message_id: str) -> None:
+        """Record ``message_id`` as processed now."""
+        _check_message_id(message_id)
+        now = self.now()
+        async with self._transaction() as tx:
+            await self._maybe_purge_in(tx, now)
+            await tx.execute(_MARK_SQL, (message_id, now.timestamp()))
+
+    async def purge_expired_claims(self, batch_size: int = PURGE_BATCH_SIZE) -> int:
+        """Delete up to ``batch_size`` expired dedup ids (by index); return how many went."""
+        if batch_size <= 0:
+            raise ValueError("batch_size must be positive")
+        now = self.now()
+        async with self._transaction() as tx:
+            return await self._purge_in(tx, now, batch_size)
+
+    async def _maybe_purge_in(self, tx: Transaction, now: datetime) -> None:
+        if self._purge_due(now):
+            await self._purge_in(tx, now, PURGE_BATCH_SIZE)
+
+    async def _purge_in(self, tx: Transaction, now: datetime, batch_size: int) -> int:
+        deleted = await tx.execute(_PURGE_SQL, ((now - self._dedup_ttl).timestamp(), batch_size))
+        deleted = max(deleted, 0)
+        self._purge_done(now, deleted, batch_size)
+        if deleted:
+            logger.debug("purged %d expired dedup ids", deleted)
+        return deleted

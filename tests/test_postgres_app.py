@@ -1,0 +1,102 @@
+"""Choosing PostgreSQL: settings, the store ``run`` opens, and ``run`` refusing Telegram
+long polling beside another live process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.app import POLLING_CONFLICT_MESSAGE, instance_lock, open_store
+from bot.config import Settings, load_settings
+from bot.core.postgres_store import PostgresSessionStore
+from bot.core.sqlite_store import SQLiteSessionStore
+from bot.errors import ConfigurationError
+from bot.gateway.instances import InstanceRegistry, Owner
+from tests.pgtest import pg_dsn
+
+__all__ = ["pg_dsn"]
+
+ROOT = Path(__file__).resolve().parents[1]
+URL = "postgresql://chatflow:s3cret@db.internal:5432/chatflow"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [URL, "postgres://db/chatflow", "postgresql://db/chatflow?search_path=tenant_a"],
+    ids=["postgresql", "postgres", "search-path"],
+)
+def test_postgres_urls_are_accepted(url: str) -> None:
+    settings = load_settings(database_url=url)
+    assert settings.database_dialect == "postgres"
+    with pytest.raises(ValueError, match="PostgreSQL"):
+        _ = settings.database_path
+
+
+def test_other_urls_name_both_forms() -> None:
+    with pytest.raises(ConfigurationError, match=r"DATABASE_URL: use sqlite:///.*postgresql://"):
+        load_settings(database_url="mysql://db/chatflow")
+
+
+def test_the_banner_label_hides_the_password(tmp_path: Path) -> None:
+    assert load_settings(database_url=URL).database_label == (
+        "postgresql://chatflow:***@db.internal:5432/chatflow"
+    )
+    sqlite = load_settings(data_dir=tmp_path)
+    assert sqlite.database_dialect == "sqlite"
+    assert sqlite.database_label == str(tmp_path / "chatflow.db")
+
+
+def test_open_store_picks_the_database_and_sizes_the_pools(tmp_path: Path) -> None:
+    store = open_store(load_settings(database_url=URL, max_concurrent_turns=5))
+    assert isinstance(store, PostgresSessionStore)
+    # One lock connection per running turn (and two spare); transactions get their own pool.
+    assert store._max_lock_connections == 7
+    assert store._max_pool == 7
+    assert isinstance(open_store(load_settings(data_dir=tmp_path)), SQLiteSessionStore)
+
+
+def test_several_processes_may_share_a_data_dir_only_on_postgres(tmp_path: Path) -> None:
+    postgres = Settings(data_dir=tmp_path, database_url=URL)
+    with instance_lock(postgres), instance_lock(postgres):
+        pass
+    sqlite = Settings(data_dir=tmp_path)
+    with instance_lock(sqlite), pytest.raises(ConfigurationError, match="DATA_DIR"):
+        instance_lock(sqlite).__enter__()
+
+
+def test_run_refuses_long_polling_beside_another_live_process(pg_dsn: str, tmp_path: Path) -> None:
+    async def register_other() -> InstanceRegistry:
+        store = PostgresSessionStore(pg_dsn)
+        # This test process plays the other bot: alive, on this host, another pid.
+        registry = InstanceRegistry(store, owner=Owner(os.getpid(), "the-other-bot"))
+        await registry.register()
+        await store.close()
+        return registry
+
+    asyncio.run(register_other())
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    result = subprocess.run(
+        [sys.executable, "-m", "bot", "run", "--no-console"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={
+            **keep,
+            "PYTHONPATH": str(ROOT),
+            "DATA_DIR": str(tmp_path / "data"),
+            "DATABASE_URL": pg_dsn,
+            "TELEGRAM_BOT_TOKEN": "123456:test-token",
+            "HTTP_PORT": "0",
+            "LOG_FORMAT": "text",
+        },
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"chatflow: configuration error: {POLLING_CONFLICT_MESSAGE}" in result.stderr
+    assert "test-token" not in result.stderr
