@@ -28,7 +28,7 @@ from bot.errors import ChatflowError, PlatformError
 from bot.gateway.aliases import ChatAliases
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
 from bot.gateway.events import MessageEvent
-from bot.gateway.inbox import Inbox, InboxClaimLostError, InboxEntry
+from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import build_session_key, session_id_for
 from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
@@ -176,6 +176,7 @@ class Gateway:
         self._stopping = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._retry_task: asyncio.Task[None] | None = None
+        self._recovery_task: asyncio.Task[None] | None = None
         self._takeover_task: asyncio.Task[None] | None = None
 
     @property
@@ -211,20 +212,45 @@ class Gateway:
             logger.info("resending %d replies owed from before the restart", len(owed))
         for obligation in owed:
             await self._send(obligation, claimed=True)
+        left = await self.inbox.recover(
+            self.settings.auto_continue_freshness_seconds, live_owners=await self._live_owners()
+        )
+        # Read after recover() returns: a message accepted while it ran is in both lists,
+        # and must run once, from _early.
         early = {entry.event.message_id for entry in self._early}
-        recovered = [
-            entry
-            for entry in await self.inbox.recover(
-                self.settings.auto_continue_freshness_seconds, live_owners=await self._live_owners()
-            )
-            if entry.event.message_id not in early  # accepted by this process moments ago
-        ]
+        recovered = [entry for entry in left if entry.event.message_id not in early]
         if recovered:
             logger.info("re-running %d messages accepted before the restart", len(recovered))
-        for entry in recovered:
+        # Any message left by a crash may be what caused it. They run one at a time,
+        # before anything else, each run counted first: a further crash is blamed on
+        # one message only, and innocent ones are never given up.
+        suspects = [e for e in recovered if not e.gave_up]
+        rest = [e for e in recovered if e.gave_up]
+        if suspects:
+            self._recovery_task = asyncio.create_task(self._isolate_then_serve(suspects, rest))
+        else:
+            self._serve(rest)
+
+    async def _isolate_then_serve(self, suspects: list[InboxEntry], rest: list[InboxEntry]) -> None:
+        logger.info(
+            "running %d message(s) interrupted by the last crash one at a time", len(suspects)
+        )
+        for entry in suspects:
+            try:
+                await self._process(entry, alone=True)
+            except Exception:
+                logger.exception("re-running an interrupted message failed")
+        self._serve(rest, already_run={e.event.message_id for e in suspects})
+
+    def _serve(
+        self, rest: list[InboxEntry], already_run: frozenset[str] | set[str] = frozenset()
+    ) -> None:
+        """Queue the recovered and early messages and start serving new ones."""
+        for entry in rest:
             self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
         for entry in self._early:
-            self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
+            if entry.event.message_id not in already_run:
+                self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
         self._early.clear()
         self._ready = True
         self._dispatcher.resume()
@@ -240,6 +266,9 @@ class Gateway:
         # Refuse new events first (platforms keep them), but keep adapters connected
         # until the turns in flight have sent their replies.
         self._accepting = False
+        if self._recovery_task is not None and not self._recovery_task.done():
+            self._recovery_task.cancel()
+            await asyncio.gather(self._recovery_task, return_exceptions=True)
         wait = self.settings.shutdown_grace_seconds if grace is None else grace
         if not await self._dispatcher.drain(wait):
             logger.warning(
@@ -347,8 +376,15 @@ class Gateway:
 
     # -- one turn ----------------------------------------------------------
 
-    async def _process(self, entry: InboxEntry) -> None:
+    async def _process(self, entry: InboxEntry, *, alone: bool = False) -> None:
         event = entry.event
+        if entry.gave_up:
+            # It crashed the process again and again while running alone: the user is
+            # told, instead of being left without an answer (or crashing us forever).
+            await self._answer_without_turn(entry, self.replies.apology, error=GAVE_UP_ERROR)
+            return
+        if alone:
+            await self.inbox.mark_started_alone(event.message_id)
         command = event.command
         if command in ("start", "help", "reset"):
             if command == "reset":

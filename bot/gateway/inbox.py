@@ -52,7 +52,8 @@ logger = logging.getLogger(__name__)
 InboxState = Literal["received", "done", "expired"]
 
 MAX_RECOVERIES: Final = 3
-"""A message re-run this many times at start-up without committing is given up."""
+"""A message whose turn died with the process this many times while it ran alone is
+answered with an apology instead of being run again (it is what kills the process)."""
 
 RETENTION: Final = timedelta(days=7)
 """Done and expired rows are pruned after this long (below the 8-day dedup TTL)."""
@@ -137,7 +138,10 @@ class InboxEntry:
     received_at: datetime
     """When ``accept`` stored it (UTC)."""
     attempts: int
-    """How many times it has been recovered, this recovery included."""
+    """Times it was re-run alone after a crash (``mark_started_alone``) without committing."""
+    gave_up: bool = False
+    """It died with the process ``MAX_RECOVERIES`` times while running alone: close it
+    with an apology instead of running it again."""
 
 
 class Inbox:
@@ -244,6 +248,26 @@ class Inbox:
             "this process's turn for it is discarded"
         )
 
+    async def mark_started_alone(self, message_id: str) -> None:
+        """Count one solo run of a recovered message, before it runs (poison detection).
+
+        After a crash every recovered message is a suspect; the gateway re-runs
+        them one at a time and counts each run here, in its own transaction. If
+        the process dies again, the count blames the one message that was
+        running. Normal traffic never calls this, so it costs no commit there.
+        Best effort: a storage failure is logged and the turn runs anyway.
+        """
+        try:
+            async with self._store.transaction() as tx:
+                await self._ensure_open_in(tx)
+                await tx.execute(
+                    f"UPDATE {_TABLE} SET attempts = attempts + 1, updated_at = ? "
+                    "WHERE message_id = ? AND state = 'received'",
+                    (_epoch(self._clock()), message_id),
+                )
+        except StorageError as exc:
+            logger.warning("could not count a run of %s: %s", _ref(message_id), exc)
+
     async def mark_done(self, message_id: str, error: str | None = None) -> bool:
         """Mark a message ``done`` in its own transaction (a turn that failed for good).
 
@@ -266,10 +290,10 @@ class Inbox:
         included) only rows of other owners are taken, so it may run at any
         time, in any number of processes: each row goes to one of them (it
         becomes this inbox's row). Rows older than ``freshness_seconds`` become
-        ``expired`` (an answer hours late is worse than none); rows already
-        recovered ``MAX_RECOVERIES`` times are marked ``done`` with an error (a
-        message that crashes the process must not crash it forever). Each
-        returned entry has had its ``attempts`` counted.
+        ``expired`` (an answer hours late is worse than none). One that died
+        with the process ``MAX_RECOVERIES`` times while running alone comes back
+        with ``gave_up`` set, to be closed with an apology (a message that
+        crashes the process must not crash it forever, nor be dropped in silence).
         """
         await self._ensure_open()
         now_dt = self._clock()
@@ -303,26 +327,31 @@ class Inbox:
                     )
                     expired += 1
                     continue
-                if int(attempts) >= MAX_RECOVERIES:
-                    await self._give_up(tx, message_id, GAVE_UP_ERROR, now)
-                    continue
                 try:
                     event = event_from_dict(json.loads(event_json))
                 except (ValueError, TypeError, KeyError):
                     await self._give_up(tx, message_id, "unreadable inbox row", now)
                     continue
                 await tx.execute(
-                    f"UPDATE {_TABLE} SET attempts = attempts + 1, updated_at = ?, "
-                    "owner_instance = ? WHERE message_id = ?",
+                    f"UPDATE {_TABLE} SET updated_at = ?, owner_instance = ? WHERE message_id = ?",
                     (now, self._owner, message_id),
                 )
+                gave_up = int(attempts) >= MAX_RECOVERIES
+                if gave_up:
+                    logger.warning(
+                        "inbox message %s crashed the process %d times while running alone; "
+                        "answering it with an apology",
+                        _ref(message_id),
+                        int(attempts),
+                    )
                 entries.append(
                     InboxEntry(
                         event=event,
                         session_key=str(session_key),
                         session_id=str(session_id),
                         received_at=datetime.fromtimestamp(float(received_at), UTC),
-                        attempts=int(attempts) + 1,
+                        attempts=int(attempts),
+                        gave_up=gave_up,
                     )
                 )
         if expired:

@@ -141,7 +141,11 @@ async def test_proof_crash_every_message_answered_once_through_random_kills(
     ]
     assert not missing, f"unanswered: {[i.token for i in missing]}"
     assert lost == [], f"lost: {lost}"
-    assert unmarked_dupes == {}, f"duplicates without the marker: {unmarked_dupes}"
+    assert unmarked_dupes == {}, f"duplicates without the marker: {unmarked_dupes}" + "".join(
+        f"\n{i.token}: {[(r.seq, r.chat_id, r.reply_to, r.text[:60]) for r in grouped[i]]}"
+        for i in inbound
+        if i.token in unmarked_dupes
+    )
     assert two_answers == {}, f"two different committed answers: {two_answers}"
     assert wrong_answers == [], f"replies that answer another message: {wrong_answers}"
 

@@ -12,7 +12,7 @@ import pytest
 
 from bot.gateway.ledger import RECOVERED_MARKER
 from tests.e2e.botprocess import BotProcess
-from tests.fakes.telegram_server import Fault, FakeTelegramServer
+from tests.fakes.telegram_server import FakeTelegramServer, Fault
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "telegram"
 

@@ -16,6 +16,7 @@ from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import SchemaVersionError, StorageError
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.inbox import (
+    GAVE_UP_ERROR,
     MAX_RECOVERIES,
     Inbox,
     InboxEntry,
@@ -254,36 +255,39 @@ async def test_recover_returns_fresh_rows_oldest_first_and_expires_old_ones(
         session_key=_route(first)["session_key"],
         session_id=_route(first)["session_id"],
         received_at=datetime(2025, 1, 1, 12, 20, tzinfo=UTC),
-        attempts=1,
+        attempts=0,
     )
     rows = await _rows(store)
     assert rows[old.message_id][0] == "expired"
-    assert rows[first.message_id] == ("received", None, 1)
+    # waiting in the queue when the process died counts nothing against a message
+    assert rows[first.message_id] == ("received", None, 0)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings, "expiry must be logged"
     assert "private" not in caplog.text and "telegram:42:1" not in caplog.text
 
 
-async def test_a_message_that_keeps_failing_is_given_up(
+async def test_a_message_that_keeps_crashing_while_alone_is_given_up(
     inbox: Inbox,
     store: SQLiteSessionStore,
     make_event: EventFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    event = make_event()
-    await inbox.accept(event, **_route(event))
-    for attempt in range(1, MAX_RECOVERIES + 1):
+    poison = make_event("telegram:42:1")
+    bystander = make_event("telegram:42:2")
+    for event in (poison, bystander):
+        await inbox.accept(event, **_route(event))
+    for crashes in range(MAX_RECOVERIES):
         entries = await inbox.recover(3600)
-        assert [e.attempts for e in entries] == [attempt]
+        assert [(e.attempts, e.gave_up) for e in entries] == [(crashes, False), (0, False)]
+        await inbox.mark_started_alone(poison.message_id)  # ...and the process dies
     with caplog.at_level(logging.WARNING, logger="bot.gateway.inbox"):
-        assert await inbox.recover(3600) == []
-    assert (await _rows(store))[event.message_id] == (
-        "done",
-        f"gave up after {MAX_RECOVERIES} attempts",
-        MAX_RECOVERIES,
-    )
-    assert "gave up" in caplog.text
-    assert event.message_id not in caplog.text
+        entries = await inbox.recover(3600)
+    assert [(e.event, e.gave_up) for e in entries] == [(poison, True), (bystander, False)]
+    assert "apology" in caplog.text
+    assert poison.message_id not in caplog.text
+    # the gateway closes it (with its apology) in the same way as any failed turn
+    await inbox.mark_done(poison.message_id, error=GAVE_UP_ERROR)
+    assert (await _rows(store))[poison.message_id] == ("done", GAVE_UP_ERROR, MAX_RECOVERIES)
 
 
 async def test_an_unreadable_row_is_closed_not_crashed_on(
