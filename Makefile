@@ -25,8 +25,9 @@ test: check
 test-pg: check
 	scripts/with-postgres.sh $(VENV)/bin/pytest -q
 
+# PostgreSQL (throwaway server) is there for the multi-process pipeline figure.
 bench: $(STAMP)
-	$(PY) -m bench
+	scripts/with-postgres.sh $(PY) -m bench
 
 # The full fault suite (kills, retry storms, overload, model faults, hostile input);
 # writes docs/RELIABILITY.md. `make test` runs a reduced, seeded version of it.

@@ -46,10 +46,11 @@ def _reachable_agents(start: Agent) -> list[Agent]:
 async def _check_database(settings: Settings) -> CheckResult:
     store = open_store(settings)
     try:
+        query = "PRAGMA quick_check" if settings.database_dialect == "sqlite" else "SELECT 'ok'"
         async with store.transaction() as tx:
-            rows = await tx.fetchall("PRAGMA quick_check")
+            rows = await tx.fetchall(query)
         verdict = str(rows[0][0]) if rows else "no answer"
-        return CheckResult("database", verdict == "ok", f"{settings.database_path}: {verdict}")
+        return CheckResult("database", verdict == "ok", f"{settings.database_label}: {verdict}")
     finally:
         await store.close()
 

@@ -100,3 +100,18 @@ def test_run_refuses_long_polling_beside_another_live_process(pg_dsn: str, tmp_p
     assert result.returncode == 2, result.stderr
     assert f"chatflow: configuration error: {POLLING_CONFLICT_MESSAGE}" in result.stderr
     assert "test-token" not in result.stderr
+
+
+def test_doctor_checks_a_postgres_database(pg_dsn: str, tmp_path: Path) -> None:
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    result = subprocess.run(
+        [sys.executable, "-m", "bot", "doctor"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**keep, "PYTHONPATH": str(ROOT), "DATA_DIR": str(tmp_path), "DATABASE_URL": pg_dsn},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok   database: postgresql://" in result.stdout
