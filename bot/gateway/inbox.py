@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 InboxState = Literal["received", "done", "expired"]
 
-MAX_RECOVERIES: Final = 3
+MAX_RECOVERIES: Final = 5
 """A message whose turn died with the process this many times while it ran alone is
 answered with an apology instead of being run again (it is what kills the process)."""
 
