@@ -37,7 +37,6 @@ Errors
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -46,25 +45,12 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import asyncpg
 
-from bot.core.agent import Agent
 from bot.core.memory import (
     DEFAULT_DEDUP_TTL_HOURS,
     DEFAULT_MAX_TURNS,
-    PURGE_BATCH_SIZE,
-    BaseSessionStore,
-    SaveHook,
-    SessionContext,
-    SessionDeletedError,
     Transaction,
-    _Changes,
-    _check_message_id,
-    _utc,
-    dump_metadata,
-    log_session_id,
-    seq_runs,
     validate_session_id,
 )
-from bot.core.messages import Message
 from bot.core.sql import (
     MIGRATION_LOCK_KEY,
     advisory_key,
@@ -73,6 +59,7 @@ from bot.core.sql import (
     redact_dsn,
     rowcount_from_status,
 )
+from bot.core.sql_store import SQLSessionStore
 from bot.errors import SchemaVersionError, StorageError
 
 __all__ = [
@@ -153,29 +140,6 @@ _REQUIRED_COLUMNS: Final[Mapping[str, frozenset[str]]] = {
     "chatflow_processed_messages": frozenset({"message_id", "processed_at"}),
 }
 
-_CLAIM_SQL: Final = (
-    "INSERT INTO chatflow_processed_messages (message_id, processed_at) VALUES (?, ?) "
-    "ON CONFLICT (message_id) DO UPDATE SET processed_at = excluded.processed_at "
-    "WHERE chatflow_processed_messages.processed_at < ?"
-)
-_MARK_SQL: Final = (
-    "INSERT INTO chatflow_processed_messages (message_id, processed_at) VALUES (?, ?) "
-    "ON CONFLICT (message_id) DO UPDATE SET processed_at = excluded.processed_at"
-)
-_PURGE_SQL: Final = (
-    "DELETE FROM chatflow_processed_messages WHERE message_id IN ("
-    "SELECT message_id FROM chatflow_processed_messages WHERE processed_at < ? "
-    "ORDER BY processed_at LIMIT ? FOR UPDATE SKIP LOCKED)"
-)
-_INSERT_MESSAGE_SQL: Final = (
-    "INSERT INTO chatflow_messages (session_id, seq, role, message_json, created_at) "
-    "VALUES (?, ?, ?, ?, ?)"
-)
-_INSERT_SESSION_SQL: Final = (
-    "INSERT INTO chatflow_sessions (session_id, active_agent_name, metadata_json, "
-    "created_at, updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"
-)
-
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
 
@@ -183,10 +147,6 @@ if TYPE_CHECKING:
 
 # What can go wrong talking to the server, translated to StorageError where it enters.
 _DB_ERRORS: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
-
-
-def _iso(value: datetime) -> str:
-    return _utc(value).isoformat(timespec="microseconds")
 
 
 def _describe(exc: BaseException) -> str:
@@ -249,7 +209,7 @@ class _PgTransaction:
         return None if row is None else tuple(row)
 
 
-class PostgresSessionStore(BaseSessionStore):
+class PostgresSessionStore(SQLSessionStore):
     """Sessions, messages and dedup ids in PostgreSQL, shared by any number of processes.
 
     ``dsn`` is a ``postgresql://`` (or ``postgres://``) URL; extra query
@@ -257,6 +217,14 @@ class PostgresSessionStore(BaseSessionStore):
     in that schema). Opens lazily on first use (or ``await store.open()``);
     ``close()`` is final. Unknown keyword arguments raise ``TypeError``.
     """
+
+    _FOR_SHARE = " FOR SHARE"
+    _FOR_UPDATE = " FOR UPDATE"
+    _PURGE_SQL = (
+        "DELETE FROM chatflow_processed_messages WHERE message_id IN ("
+        "SELECT message_id FROM chatflow_processed_messages WHERE processed_at < ? "
+        "ORDER BY processed_at LIMIT ? FOR UPDATE SKIP LOCKED)"
+    )
 
     dialect = "postgres"
 
@@ -430,7 +398,7 @@ class PostgresSessionStore(BaseSessionStore):
 
     @asynccontextmanager
     async def _transaction(
-        self, *, read_only: bool = False, on_commit: Callable[[], None] | None = None
+        self, *, write: bool = True, on_commit: Callable[[], None] | None = None
     ) -> AsyncIterator[_PgTransaction]:
         task = asyncio.current_task()
         if task is not None and task in self._tx_tasks:
@@ -447,7 +415,7 @@ class PostgresSessionStore(BaseSessionStore):
             self._tx_tasks.add(task)
         try:
             try:
-                await conn.execute("BEGIN READ ONLY" if read_only else "BEGIN")
+                await conn.execute("BEGIN" if write else "BEGIN READ ONLY")
             except _DB_ERRORS as exc:
                 raise StorageError(f"cannot start a transaction: {_describe(exc)}") from exc
             tx = _PgTransaction(conn)
@@ -550,279 +518,5 @@ class PostgresSessionStore(BaseSessionStore):
 
     # -- sessions -------------------------------------------------------------------
 
-    async def get_or_create(
-        self,
-        session_id: str,
-        default_agent: Agent,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> SessionContext:
-        """Load the session, or create (and store) it with ``default_agent`` and ``metadata``.
-
-        ``metadata`` is used only when the session is created.
-        """
-        validate_session_id(session_id)
-        fresh = SessionContext(session_id, default_agent, self._default_max_turns, metadata)
-        metadata_json = dump_metadata(fresh.metadata)
-        now = _iso(self.now())
-        created = False
-        async with self._transaction() as tx:
-            row = await self._read_session(tx, session_id)
-            if row is None:
-                created = (
-                    await tx.execute(
-                        _INSERT_SESSION_SQL,
-                        (session_id, default_agent.name, metadata_json, now, now),
-                    )
-                    == 1
-                )
-                if not created:  # another process created it a moment ago
-                    row = await self._read_session(tx, session_id)
-            messages = [] if row is None else await self._read_messages(tx, session_id)
-        if created:
-            fresh._mark_saved(_Changes((), (), True), now)
-            context = fresh
-        elif row is None:
-            raise StorageError(
-                f"session {log_session_id(session_id)} was deleted while it was being created"
-            )
-        else:
-            context = self._build(session_id, row, messages, fallback=default_agent)
-        self._track(context)
-        return context
-
-    async def get(self, session_id: str) -> SessionContext | None:
-        """A fresh context for the stored session, or ``None``."""
-        validate_session_id(session_id)
-        async with self._transaction() as tx:
-            row = await self._read_session(tx, session_id)
-            messages = [] if row is None else await self._read_messages(tx, session_id)
-        if row is None:
-            return None
-        context = self._build(session_id, row, messages)
-        self._track(context)
-        return context
-
-    async def _read_session(self, tx: Transaction, session_id: str) -> tuple[Any, ...] | None:
-        # FOR SHARE: no save of this session can commit between this read and the
-        # messages read, so the two are one consistent state.
-        return await tx.fetchone(
-            "SELECT active_agent_name, metadata_json, created_at "
-            "FROM chatflow_sessions WHERE session_id = ? FOR SHARE",
-            (session_id,),
-        )
-
-    async def _read_messages(self, tx: Transaction, session_id: str) -> list[tuple[Any, ...]]:
-        return await tx.fetchall(
-            "SELECT seq, message_json FROM chatflow_messages WHERE session_id = ? ORDER BY seq",
-            (session_id,),
-        )
-
-    def _build(
-        self,
-        session_id: str,
-        row: tuple[Any, ...],
-        messages: list[tuple[Any, ...]],
-        *,
-        fallback: Agent | None = None,
-    ) -> SessionContext:
-        agent_name, metadata_json, created_at = row
-        try:
-            metadata = json.loads(metadata_json)
-        except (TypeError, ValueError):
-            metadata = None
-        if not isinstance(metadata, dict):
-            logger.warning(
-                "session %s: unreadable metadata replaced by {}", log_session_id(session_id)
-            )
-            metadata = {}
-        entries: list[tuple[int, Message]] = []
-        seqs: list[int] = []
-        for seq, message_json in messages:
-            seqs.append(int(seq))
-            try:
-                entries.append((int(seq), Message.model_validate_json(message_json)))
-            except (TypeError, ValueError) as exc:
-                # The row is deleted by the next save; its text never reaches the log.
-                logger.warning(
-                    "session %s: skipping unreadable message row seq=%s (%s)",
-                    log_session_id(session_id),
-                    seq,
-                    type(exc).__name__,
-                )
-        agent = self._resolve_agent(str(agent_name), fallback)
-        return SessionContext._restore(
-            session_id,
-            agent,
-            self._default_max_turns,
-            metadata,
-            entries,
-            seqs,
-            str(created_at),
-        )
-
-    async def save(self, session: SessionContext, *, also: SaveHook | None = None) -> None:
-        """Write the session's changes in one transaction (O(messages added or pruned)).
-
-        ``also(tx)`` runs last inside the same transaction: everything commits
-        together or nothing does, and on failure the session stays unsaved (a
-        later save writes the same changes). Raises ``SessionDeletedError`` if
-        the session was deleted (by any holder, in any process) since it was
-        loaded, and ``StorageError`` if another holder saved newer messages.
-        """
-        session_id = session.session_id
-        if session.deleted:
-            raise SessionDeletedError(f"session {log_session_id(session_id)} was deleted")
-        changes = session._pending_changes()
-        metadata_json = dump_metadata(session.metadata)
-        agent_name = session.active_agent.name
-        now = _iso(self.now())
-        inserts = [
-            (
-                session_id,
-                entry.seq,
-                entry.message.role.value,
-                entry.message.model_dump_json(),
-                _iso(entry.message.created_at),
-            )
-            for entry in changes.inserts
-        ]
-        incarnation = session._incarnation or now
-
-        def committed() -> None:
-            session._mark_saved(changes, incarnation)
-
-        async with self._transaction(on_commit=committed) as tx:
-            # FOR UPDATE: saves of one session queue here, whatever process runs them.
-            row = await tx.fetchone(
-                "SELECT created_at FROM chatflow_sessions WHERE session_id = ? FOR UPDATE",
-                (session_id,),
-            )
-            if not changes.replace:
-                if row is None or row[0] != session._incarnation:
-                    session._mark_deleted()
-                    raise SessionDeletedError(f"session {log_session_id(session_id)} was deleted")
-            elif row is None:
-                created = await tx.execute(
-                    _INSERT_SESSION_SQL, (session_id, agent_name, metadata_json, now, now)
-                )
-                if created != 1:
-                    # Created by someone else since the read: replace it like any row.
-                    row = await tx.fetchone(
-                        "SELECT created_at FROM chatflow_sessions WHERE session_id = ? FOR UPDATE",
-                        (session_id,),
-                    )
-                    if row is None:
-                        raise StorageError(
-                            f"session {log_session_id(session_id)} changed while it was saved"
-                        )
-            if changes.replace and row is not None:
-                # A context that was never loaded replaces whatever the store holds.
-                incarnation = str(row[0])
-                await tx.execute(
-                    "DELETE FROM chatflow_messages WHERE session_id = ?", (session_id,)
-                )
-            if row is not None:
-                await tx.execute(
-                    "UPDATE chatflow_sessions SET active_agent_name = ?, metadata_json = ?, "
-                    "updated_at = ? WHERE session_id = ?",
-                    (agent_name, metadata_json, now, session_id),
-                )
-            if changes.deletes:
-                await tx.executemany(
-                    "DELETE FROM chatflow_messages WHERE session_id = ? AND seq BETWEEN ? AND ?",
-                    [(session_id, first, last) for first, last in seq_runs(changes.deletes)],
-                )
-            if inserts:
-                try:
-                    await tx.executemany(_INSERT_MESSAGE_SQL, inserts)
-                except StorageError as exc:
-                    if isinstance(exc.__cause__, asyncpg.UniqueViolationError):
-                        raise StorageError(
-                            f"session {log_session_id(session_id)} changed in the store since "
-                            "this context was loaded; load it again "
-                            "(hold session_lock for a whole turn)"
-                        ) from exc.__cause__
-                    raise
-            if also is not None:
-                await also(tx)
-        self._track(session)
-
-    async def delete(self, session_id: str) -> bool:
-        """Delete the session and (by cascade) its messages; ``True`` if it existed."""
-        validate_session_id(session_id)
-        async with self._transaction() as tx:
-            deleted = await tx.execute(
-                "DELETE FROM chatflow_sessions WHERE session_id = ?", (session_id,)
-            )
-        self._mark_deleted(session_id)
-        return deleted > 0
-
-    async def list_sessions(self) -> list[str]:
-        """Ids of all stored sessions, most recently updated first."""
-        async with self._transaction(read_only=True) as tx:
-            rows = await tx.fetchall(
-                "SELECT session_id FROM chatflow_sessions ORDER BY updated_at DESC, session_id"
-            )
-        return [str(row[0]) for row in rows]
-
-    # -- dedup ----------------------------------------------------------------------
-
-    async def claim_message(self, message_id: str) -> bool:
-        """Atomically claim ``message_id``: ``True`` only for the first claim within the TTL,
-        across every process on the database (a unique key decides)."""
-        _check_message_id(message_id)
-        async with self._transaction() as tx:
-            return await self.claim_in(tx, message_id)
-
-    async def claim_in(self, tx: Transaction, message_id: str) -> bool:
-        """Claim ``message_id`` inside ``tx`` (a transaction of this store).
-
-        An id whose claim expired counts as unclaimed even before it is purged.
-        """
-        _check_message_id(message_id)
-        now = self.now()
-        await self._maybe_purge_in(tx, now)
-        changed = await tx.execute(
-            _CLAIM_SQL, (message_id, now.timestamp(), (now - self._dedup_ttl).timestamp())
-        )
-        return changed > 0
-
-    async def is_message_processed(self, message_id: str) -> bool:
-        """True if ``message_id`` was claimed or marked within the TTL."""
-        _check_message_id(message_id)
-        cutoff = (self.now() - self._dedup_ttl).timestamp()
-        async with self._transaction(read_only=True) as tx:
-            row = await tx.fetchone(
-                "SELECT 1 FROM chatflow_processed_messages "
-                "WHERE message_id = ? AND processed_at >= ?",
-                (message_id, cutoff),
-            )
-        return row is not None
-
-    async def mark_message_processed(self, message_id: str) -> None:
-        """Record ``message_id`` as processed now."""
-        _check_message_id(message_id)
-        now = self.now()
-        async with self._transaction() as tx:
-            await self._maybe_purge_in(tx, now)
-            await tx.execute(_MARK_SQL, (message_id, now.timestamp()))
-
-    async def purge_expired_claims(self, batch_size: int = PURGE_BATCH_SIZE) -> int:
-        """Delete up to ``batch_size`` expired dedup ids (by index); return how many went."""
-        if batch_size <= 0:
-            raise ValueError("batch_size must be positive")
-        now = self.now()
-        async with self._transaction() as tx:
-            return await self._purge_in(tx, now, batch_size)
-
-    async def _maybe_purge_in(self, tx: Transaction, now: datetime) -> None:
-        if self._purge_due(now):
-            await self._purge_in(tx, now, PURGE_BATCH_SIZE)
-
-    async def _purge_in(self, tx: Transaction, now: datetime, batch_size: int) -> int:
-        deleted = await tx.execute(_PURGE_SQL, ((now - self._dedup_ttl).timestamp(), batch_size))
-        deleted = max(deleted, 0)
-        self._purge_done(now, deleted, batch_size)
-        if deleted:
-            logger.debug("purged %d expired dedup ids", deleted)
-        return deleted
+    def _is_unique_violation(self, exc: BaseException | None) -> bool:
+        return isinstance(exc, asyncpg.UniqueViolationError)

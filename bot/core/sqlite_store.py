@@ -35,7 +35,6 @@ Timestamps
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import sqlite3
@@ -50,26 +49,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
 
-from bot.core.agent import Agent
 from bot.core.memory import (
     DEFAULT_DEDUP_TTL_HOURS,
     DEFAULT_MAX_TURNS,
-    PURGE_BATCH_SIZE,
-    BaseSessionStore,
     KeyedLocks,
-    SaveHook,
-    SessionContext,
-    SessionDeletedError,
     Transaction,
-    _Changes,
-    _check_message_id,
-    _utc,
-    dump_metadata,
-    log_session_id,
-    seq_runs,
     validate_session_id,
 )
-from bot.core.messages import Message
+from bot.core.sql_store import SQLSessionStore
 from bot.errors import SchemaVersionError, StorageError
 
 __all__ = ["BUSY_TIMEOUT_MS", "SCHEMA_VERSION", "SQLiteSessionStore"]
@@ -121,31 +108,8 @@ _REQUIRED_COLUMNS: Mapping[str, frozenset[str]] = {
     "chatflow_processed_messages": frozenset({"message_id", "processed_at"}),
 }
 
-_CLAIM_SQL = (
-    "INSERT INTO chatflow_processed_messages (message_id, processed_at) VALUES (?, ?) "
-    "ON CONFLICT (message_id) DO UPDATE SET processed_at = excluded.processed_at "
-    "WHERE chatflow_processed_messages.processed_at < ?"
-)
-_MARK_SQL = (
-    "INSERT INTO chatflow_processed_messages (message_id, processed_at) VALUES (?, ?) "
-    "ON CONFLICT (message_id) DO UPDATE SET processed_at = excluded.processed_at"
-)
-_PURGE_SQL = (
-    "DELETE FROM chatflow_processed_messages WHERE rowid IN ("
-    "SELECT rowid FROM chatflow_processed_messages WHERE processed_at < ? "
-    "ORDER BY processed_at LIMIT ?)"
-)
-_INSERT_MESSAGE_SQL = (
-    "INSERT INTO chatflow_messages (session_id, seq, role, message_json, created_at) "
-    "VALUES (?, ?, ?, ?, ?)"
-)
-
 # Locks of one database file are shared by every store instance of this process.
 _SHARED_SESSION_LOCKS = KeyedLocks()
-
-
-def _iso(value: datetime) -> str:
-    return _utc(value).isoformat(timespec="microseconds")
 
 
 def _is_memory_target(path: str, uri: bool) -> bool:
@@ -207,13 +171,20 @@ class _SQLiteTransaction:
         return rows[0] if rows else None
 
 
-class SQLiteSessionStore(BaseSessionStore):
+class SQLiteSessionStore(SQLSessionStore):
     """Sessions, messages and dedup ids in one SQLite file, through aiosqlite.
 
     Opens lazily on first use (or ``await store.open()``); ``close()`` is final.
     ``":memory:"`` and ``file:...?mode=memory`` URIs work on the one connection.
     Unknown keyword arguments (e.g. ``busy_timeout``) raise ``TypeError``.
     """
+
+    # One writer at a time (BEGIN IMMEDIATE) already gives what FOR SHARE/UPDATE give.
+    _PURGE_SQL = (
+        "DELETE FROM chatflow_processed_messages WHERE rowid IN ("
+        "SELECT rowid FROM chatflow_processed_messages WHERE processed_at < ? "
+        "ORDER BY processed_at LIMIT ?)"
+    )
 
     dialect = "sqlite"
 
@@ -476,261 +447,5 @@ class SQLiteSessionStore(BaseSessionStore):
             )
         return self._lock_namespace
 
-    async def get_or_create(
-        self,
-        session_id: str,
-        default_agent: Agent,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> SessionContext:
-        """Load the session, or create (and store) it with ``default_agent`` and ``metadata``.
-
-        ``metadata`` is used only when the session is created.
-        """
-        validate_session_id(session_id)
-        fresh = SessionContext(session_id, default_agent, self._default_max_turns, metadata)
-        metadata_json = dump_metadata(fresh.metadata)
-        now = _iso(self.now())
-        async with self._transaction(write=True) as tx:
-            row = await tx.fetchone(
-                "SELECT active_agent_name, metadata_json, created_at "
-                "FROM chatflow_sessions WHERE session_id = ?",
-                (session_id,),
-            )
-            if row is None:
-                await tx.execute(
-                    "INSERT INTO chatflow_sessions (session_id, active_agent_name, "
-                    "metadata_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
-                    (session_id, default_agent.name, metadata_json, now, now),
-                )
-                messages: list[tuple[Any, ...]] = []
-            else:
-                messages = await self._read_messages(tx, session_id)
-        if row is None:
-            fresh._mark_saved(_Changes((), (), True), now)
-            context = fresh
-        else:
-            context = self._build(session_id, row, messages, fallback=default_agent)
-        self._track(context)
-        return context
-
-    async def get(self, session_id: str) -> SessionContext | None:
-        """A fresh context for the stored session, or ``None``."""
-        validate_session_id(session_id)
-        async with self._transaction(write=False) as tx:
-            row = await tx.fetchone(
-                "SELECT active_agent_name, metadata_json, created_at "
-                "FROM chatflow_sessions WHERE session_id = ?",
-                (session_id,),
-            )
-            messages = [] if row is None else await self._read_messages(tx, session_id)
-        if row is None:
-            return None
-        context = self._build(session_id, row, messages)
-        self._track(context)
-        return context
-
-    async def _read_messages(self, tx: Transaction, session_id: str) -> list[tuple[Any, ...]]:
-        return await tx.fetchall(
-            "SELECT seq, message_json FROM chatflow_messages WHERE session_id = ? ORDER BY seq",
-            (session_id,),
-        )
-
-    def _build(
-        self,
-        session_id: str,
-        row: tuple[Any, ...],
-        messages: list[tuple[Any, ...]],
-        *,
-        fallback: Agent | None = None,
-    ) -> SessionContext:
-        agent_name, metadata_json, created_at = row
-        try:
-            metadata = json.loads(metadata_json)
-        except (TypeError, ValueError):
-            metadata = None
-        if not isinstance(metadata, dict):
-            logger.warning(
-                "session %s: unreadable metadata replaced by {}", log_session_id(session_id)
-            )
-            metadata = {}
-        entries: list[tuple[int, Message]] = []
-        seqs: list[int] = []
-        for seq, message_json in messages:
-            seqs.append(int(seq))
-            try:
-                entries.append((int(seq), Message.model_validate_json(message_json)))
-            except (TypeError, ValueError) as exc:
-                # The row is deleted by the next save; its text never reaches the log.
-                logger.warning(
-                    "session %s: skipping unreadable message row seq=%s (%s)",
-                    log_session_id(session_id),
-                    seq,
-                    type(exc).__name__,
-                )
-        agent = self._resolve_agent(str(agent_name), fallback)
-        return SessionContext._restore(
-            session_id,
-            agent,
-            self._default_max_turns,
-            metadata,
-            entries,
-            seqs,
-            str(created_at),
-        )
-
-    async def save(self, session: SessionContext, *, also: SaveHook | None = None) -> None:
-        """Write the session's changes in one transaction (O(messages added or pruned)).
-
-        ``also(tx)`` runs last inside the same transaction: everything commits
-        together or nothing does, and on failure the session stays unsaved (a
-        later save writes the same changes). Raises ``SessionDeletedError`` if
-        the session was deleted (by any holder) since it was loaded, and
-        ``StorageError`` if another holder saved newer messages meanwhile.
-        """
-        session_id = session.session_id
-        if session.deleted:
-            raise SessionDeletedError(f"session {log_session_id(session_id)} was deleted")
-        changes = session._pending_changes()
-        metadata_json = dump_metadata(session.metadata)
-        agent_name = session.active_agent.name
-        now = _iso(self.now())
-        inserts = [
-            (
-                session_id,
-                entry.seq,
-                entry.message.role.value,
-                entry.message.model_dump_json(),
-                _iso(entry.message.created_at),
-            )
-            for entry in changes.inserts
-        ]
-        # Known before commit in every branch below; a new row is born now.
-        incarnation = session._incarnation or now
-
-        def committed() -> None:
-            session._mark_saved(changes, incarnation)
-
-        async with self._transaction(write=True, on_commit=committed) as tx:
-            row = await tx.fetchone(
-                "SELECT created_at FROM chatflow_sessions WHERE session_id = ?", (session_id,)
-            )
-            if not changes.replace:
-                if row is None or row[0] != session._incarnation:
-                    session._mark_deleted()
-                    raise SessionDeletedError(f"session {log_session_id(session_id)} was deleted")
-            elif row is None:
-                await tx.execute(
-                    "INSERT INTO chatflow_sessions (session_id, active_agent_name, "
-                    "metadata_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
-                    (session_id, agent_name, metadata_json, now, now),
-                )
-            else:
-                # A context that was never loaded replaces whatever the store holds.
-                incarnation = str(row[0])
-                await tx.execute(
-                    "DELETE FROM chatflow_messages WHERE session_id = ?", (session_id,)
-                )
-            if row is not None:
-                await tx.execute(
-                    "UPDATE chatflow_sessions SET active_agent_name = ?, metadata_json = ?, "
-                    "updated_at = ? WHERE session_id = ?",
-                    (agent_name, metadata_json, now, session_id),
-                )
-            if changes.deletes:
-                await tx.executemany(
-                    "DELETE FROM chatflow_messages WHERE session_id = ? AND seq BETWEEN ? AND ?",
-                    [(session_id, first, last) for first, last in seq_runs(changes.deletes)],
-                )
-            if inserts:
-                try:
-                    await tx.executemany(_INSERT_MESSAGE_SQL, inserts)
-                except StorageError as exc:
-                    if isinstance(exc.__cause__, sqlite3.IntegrityError):
-                        raise StorageError(
-                            f"session {log_session_id(session_id)} changed in the store since "
-                            "this context was loaded; load it again "
-                            "(hold session_lock for a whole turn)"
-                        ) from exc.__cause__
-                    raise
-            if also is not None:
-                await also(tx)
-        self._track(session)
-
-    async def delete(self, session_id: str) -> bool:
-        """Delete the session and (by cascade) its messages; ``True`` if it existed."""
-        validate_session_id(session_id)
-        async with self._transaction(write=True) as tx:
-            deleted = await tx.execute(
-                "DELETE FROM chatflow_sessions WHERE session_id = ?", (session_id,)
-            )
-        self._mark_deleted(session_id)
-        return deleted > 0
-
-    async def list_sessions(self) -> list[str]:
-        """Ids of all stored sessions, most recently updated first."""
-        async with self._transaction(write=False) as tx:
-            rows = await tx.fetchall(
-                "SELECT session_id FROM chatflow_sessions ORDER BY updated_at DESC, session_id"
-            )
-        return [str(row[0]) for row in rows]
-
-    # -- dedup ----------------------------------------------------------------------
-
-    async def claim_message(self, message_id: str) -> bool:
-        """Atomically claim ``message_id``: ``True`` only for the first claim within the TTL."""
-        _check_message_id(message_id)
-        async with self._transaction(write=True) as tx:
-            return await self.claim_in(tx, message_id)
-
-    async def claim_in(self, tx: Transaction, message_id: str) -> bool:
-        """Claim ``message_id`` inside ``tx`` (a transaction of this store).
-
-        An id whose claim expired counts as unclaimed even before it is purged.
-        """
-        _check_message_id(message_id)
-        now = self.now()
-        await self._maybe_purge_in(tx, now)
-        changed = await tx.execute(
-            _CLAIM_SQL, (message_id, now.timestamp(), (now - self._dedup_ttl).timestamp())
-        )
-        return changed > 0
-
-    async def is_message_processed(self, message_id: str) -> bool:
-        """True if ``message_id`` was claimed or marked within the TTL."""
-        _check_message_id(message_id)
-        cutoff = (self.now() - self._dedup_ttl).timestamp()
-        async with self._transaction(write=False) as tx:
-            row = await tx.fetchone(
-                "SELECT 1 FROM chatflow_processed_messages "
-                "WHERE message_id = ? AND processed_at >= ?",
-                (message_id, cutoff),
-            )
-        return row is not None
-
-    async def mark_message_processed(self, message_id: str) -> None:
-        """Record ``message_id`` as processed now."""
-        _check_message_id(message_id)
-        now = self.now()
-        async with self._transaction(write=True) as tx:
-            await self._maybe_purge_in(tx, now)
-            await tx.execute(_MARK_SQL, (message_id, now.timestamp()))
-
-    async def purge_expired_claims(self, batch_size: int = PURGE_BATCH_SIZE) -> int:
-        """Delete up to ``batch_size`` expired dedup ids (by index); return how many went."""
-        if batch_size <= 0:
-            raise ValueError("batch_size must be positive")
-        now = self.now()
-        async with self._transaction(write=True) as tx:
-            return await self._purge_in(tx, now, batch_size)
-
-    async def _maybe_purge_in(self, tx: Transaction, now: datetime) -> None:
-        if self._purge_due(now):
-            await self._purge_in(tx, now, PURGE_BATCH_SIZE)
-
-    async def _purge_in(self, tx: Transaction, now: datetime, batch_size: int) -> int:
-        deleted = await tx.execute(_PURGE_SQL, ((now - self._dedup_ttl).timestamp(), batch_size))
-        deleted = max(deleted, 0)
-        self._purge_done(now, deleted, batch_size)
-        if deleted:
-            logger.debug("purged %d expired dedup ids", deleted)
-        return deleted
+    def _is_unique_violation(self, exc: BaseException | None) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError)
