@@ -291,9 +291,31 @@ class SessionContext:
         """Append ``message`` to the history, then prune it."""
         if not isinstance(message, Message):
             raise TypeError("add_message expects a Message")
+        fits = self._fits_at_end(message)
         self._entries.append(_Entry(self._next_seq, message))
         self._next_seq += 1
-        self.prune_history()
+        if not fits:
+            self.prune_history()
+
+    def _fits_at_end(self, message: Message) -> bool:
+        """Whether a pruned history stays pruned with ``message`` appended.
+
+        The history is always pruned between calls (construction, restore and
+        rollback prune or restore a pruned state), so a MODEL answer after a
+        USER message, or a TOOL result whose call is in the history, changes
+        nothing: the full pass (O(history)) is needed only for USER and SYSTEM
+        messages, once a turn rather than at every step of it.
+        """
+        if message.role == Role.MODEL:
+            return any(entry.message.role == Role.USER for entry in self._entries)
+        if message.role == Role.TOOL and message.tool_call_id is not None:
+            call_id = message.tool_call_id
+            for entry in reversed(self._entries):
+                if entry.message.role == Role.MODEL and any(
+                    call.id == call_id for call in entry.message.tool_calls
+                ):
+                    return True
+        return False
 
     def prune_history(self) -> None:
         """Apply DESIGN §3.2's pruning rules to the history.
