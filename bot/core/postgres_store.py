@@ -271,17 +271,12 @@ class PostgresSessionStore(SQLSessionStore):
 
     # -- connection -----------------------------------------------------------------
 
-    async def open(self) -> None:
-        """Create the pools and migrate the schema; idempotent."""
-        if self._closed:
-            raise StorageError("the session store is closed")
-        if self._pool is not None:
-            return
-        async with self._open_lock:
-            if self._closed:
-                raise StorageError("the session store is closed")
-            if self._pool is None:
-                await self._connect()
+    @property
+    def _connected(self) -> bool:
+        return self._pool is not None
+
+    async def _open_connection(self) -> None:
+        await self._connect()
 
     async def _connect(self) -> None:
         try:

@@ -11,6 +11,7 @@ dedup claims.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from abc import abstractmethod
@@ -74,6 +75,30 @@ class SQLSessionStore(BaseSessionStore):
     """Clause that makes concurrent saves of one session queue (writes)."""
     _PURGE_SQL: ClassVar[str]
     """``DELETE`` of at most ``?`` expired dedup ids older than ``?``, oldest first."""
+
+    _closed: bool
+    _open_lock: asyncio.Lock
+
+    async def open(self) -> None:
+        """Connect and migrate the schema; idempotent (and safe to race)."""
+        if self._closed:
+            raise StorageError("the session store is closed")
+        if self._connected:
+            return
+        async with self._open_lock:
+            if self._closed:
+                raise StorageError("the session store is closed")
+            if not self._connected:
+                await self._open_connection()
+
+    @property
+    @abstractmethod
+    def _connected(self) -> bool:
+        """Whether the connection (or pool) is open."""
+
+    @abstractmethod
+    async def _open_connection(self) -> None:
+        """Connect and migrate; called once, under ``_open_lock``."""
 
     @abstractmethod
     def _transaction(

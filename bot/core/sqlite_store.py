@@ -230,17 +230,12 @@ class SQLiteSessionStore(SQLSessionStore):
 
     # -- connection -----------------------------------------------------------------
 
-    async def open(self) -> None:
-        """Connect, set the PRAGMAs and migrate the schema; idempotent."""
-        if self._closed:
-            raise StorageError("the session store is closed")
-        if self._conn is not None:
-            return
-        async with self._open_lock:
-            if self._closed:
-                raise StorageError("the session store is closed")
-            if self._conn is None:
-                self._conn = await self._connect()
+    @property
+    def _connected(self) -> bool:
+        return self._conn is not None
+
+    async def _open_connection(self) -> None:
+        self._conn = await self._connect()
 
     async def close(self) -> None:
         """Close the connection; the store cannot be used afterwards. Idempotent."""

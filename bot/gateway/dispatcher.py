@@ -33,9 +33,9 @@ class _Lane(Generic[T]):
 class SessionDispatcher(Generic[T]):
     """Runs ``handler(item)`` for submitted items, FIFO per session, sessions in parallel.
 
-    At most ``max_concurrent`` handlers run at once and at most ``max_queued``
-    items wait; past that ``submit`` raises ``DispatcherBusyError`` so the caller
-    can push back on the platform instead of dropping a message. Submitting a key
+    At most ``max_concurrent`` handlers run at once; with ``max_queued`` at most
+    that many items wait, and past that ``submit`` raises ``DispatcherBusyError``
+    so the caller can push back on the platform instead of dropping a message. Submitting a key
     that is already queued or running is a no-op, so recovery and live traffic can
     both offer the same inbound message safely.
     """
@@ -45,9 +45,9 @@ class SessionDispatcher(Generic[T]):
         handler: Callable[[T], Awaitable[None]],
         *,
         max_concurrent: int,
-        max_queued: int,
+        max_queued: int | None = None,
     ) -> None:
-        if max_concurrent <= 0 or max_queued <= 0:
+        if max_concurrent <= 0 or (max_queued is not None and max_queued <= 0):
             raise ValueError("max_concurrent and max_queued must be positive")
         self._handler = handler
         self._slots = asyncio.Semaphore(max_concurrent)
@@ -71,7 +71,7 @@ class SessionDispatcher(Generic[T]):
 
     def has_room(self) -> bool:
         """Whether ``submit`` would accept one more item."""
-        return self._queued < self._max_queued
+        return self._max_queued is None or self._queued < self._max_queued
 
     def submit(self, session_id: str, key: str, item: T) -> bool:
         """Queue ``item`` behind earlier items of ``session_id``; False if ``key`` is known."""

@@ -51,10 +51,6 @@ ADAPTER_WAIT_SECONDS = 60.0
 """Delay before a reply whose adapter is disconnected is tried again."""
 MAX_INBOUND_CHARS = 16_000
 """Longer inbound texts are refused with a short answer instead of reaching the model."""
-_NO_DISPATCHER_LIMIT = 2**62
-# The gateway applies MAX_QUEUED_MESSAGES itself, before tx 1: once a message is
-# accepted it must be queued whatever happens, so the dispatcher never refuses one.
-
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -164,17 +160,17 @@ class Gateway:
         self.aliases = ChatAliases(store)
         self._adapters = {a.name: a for a in adapters}
         self._secret = secret
+        # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
+        # tx 1, since a message once accepted must be queued whatever happens.
         self._dispatcher: SessionDispatcher[InboxEntry] = SessionDispatcher(
             self._process,
             max_concurrent=settings.max_concurrent_turns,
-            max_queued=_NO_DISPATCHER_LIMIT,
         )
         self._admitting = 0
         self._early: list[InboxEntry] = []
         self._ready = False
         self._accepting = False
         self._stopping = asyncio.Event()
-        self._background: set[asyncio.Task[None]] = set()
         self._retry_task: asyncio.Task[None] | None = None
         self._recovery_task: asyncio.Task[None] | None = None
         self._takeover_task: asyncio.Task[None] | None = None
@@ -284,9 +280,6 @@ class Gateway:
             if loop_task is not None:
                 loop_task.cancel()
                 await asyncio.gather(loop_task, return_exceptions=True)
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
 
     # -- inbound -----------------------------------------------------------
 
@@ -469,36 +462,19 @@ class Gateway:
 
     async def _record(self, tx: Transaction, entry: InboxEntry, content: str) -> Obligation:
         event = entry.event
-        obligation_id = compute_obligation_id(entry.session_key, event.message_id, content)
-        reply_to = event.platform_message_id
-        await self.ledger.record_obligation_in(
-            tx,
-            obligation_id=obligation_id,
+        obligation = Obligation.owed(
+            obligation_id=compute_obligation_id(entry.session_key, event.message_id, content),
             session_key=entry.session_key,
             session_id=entry.session_id,
             platform=event.platform,
             chat_id=event.source.chat_id,
             thread_id=event.source.thread_id,
-            reply_to=reply_to,
+            reply_to=event.platform_message_id,
             content=content,
             message_ref=event.message_id,
         )
-        return Obligation(
-            obligation_id=obligation_id,
-            session_key=entry.session_key,
-            session_id=entry.session_id,
-            platform=event.platform,
-            chat_id=event.source.chat_id,
-            thread_id=event.source.thread_id,
-            reply_to=reply_to,
-            content=content,
-            state="pending",
-            attempts=0,
-            last_error=None,
-            created_at=event.timestamp,
-            needs_marker=False,
-            message_ref=event.message_id,
-        )
+        await self.ledger.record_in(tx, obligation)
+        return obligation
 
     async def _keep_typing(self, event: MessageEvent) -> None:
         adapter = self._adapters.get(event.platform)

@@ -196,6 +196,38 @@ class Obligation:
     sent_ids: tuple[str, ...] = ()
     """Platform message ids of the delivered parts."""
 
+    @classmethod
+    def owed(
+        cls,
+        *,
+        obligation_id: str,
+        session_key: str,
+        session_id: str,
+        platform: str,
+        chat_id: str,
+        thread_id: str | None,
+        reply_to: str | None,
+        content: str,
+        message_ref: str,
+    ) -> Obligation:
+        """A reply just owed: ``pending``, no attempt yet, created now."""
+        return cls(
+            obligation_id=obligation_id,
+            session_key=session_key,
+            session_id=session_id,
+            platform=platform,
+            chat_id=chat_id,
+            thread_id=thread_id,
+            reply_to=reply_to,
+            content=content,
+            state="pending",
+            attempts=0,
+            last_error=None,
+            created_at=datetime.now(UTC),
+            needs_marker=False,
+            message_ref=message_ref,
+        )
+
     @property
     def outgoing_text(self) -> str:
         """The text to send: ``content``, prefixed by ``RECOVERED_MARKER`` if ``needs_marker``."""
@@ -360,9 +392,27 @@ class DeliveryLedger:
         included) is left untouched. Returns whether a row was inserted.
         Errors propagate, so the turn's transaction rolls back with them.
         """
+        return await self.record_in(
+            tx,
+            Obligation.owed(
+                obligation_id=obligation_id,
+                session_key=session_key,
+                session_id=session_id,
+                platform=platform,
+                chat_id=chat_id,
+                thread_id=thread_id,
+                reply_to=reply_to,
+                content=content,
+                message_ref=message_ref,
+            ),
+        )
+
+    async def record_in(self, tx: Transaction, obligation: Obligation) -> bool:
+        """``record_obligation_in`` for an ``Obligation`` built with ``Obligation.owed``."""
         await self._ensure_open_in(tx)
         now = self._now()
         me = self._owner
+        o = obligation
         inserted = await tx.execute(
             f"INSERT INTO {_TABLE} (obligation_id, session_key, session_id, platform, chat_id, "
             "thread_id, reply_to, message_ref, content, state, attempts, maybe_delivered, "
@@ -371,15 +421,15 @@ class DeliveryLedger:
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, 0, NULL, ?, ?, ?, NULL, NULL, "
             "?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
             (
-                obligation_id,
-                session_key,
-                session_id,
-                platform,
-                chat_id,
-                thread_id,
-                reply_to,
-                message_ref,
-                content,
+                o.obligation_id,
+                o.session_key,
+                o.session_id,
+                o.platform,
+                o.chat_id,
+                o.thread_id,
+                o.reply_to,
+                o.message_ref,
+                o.content,
                 me.pid,
                 me.instance_id,
                 me.started,

@@ -12,10 +12,12 @@ import pytest
 
 from bot.config import Settings
 from bot.core.agent import Agent
+from bot.core.models.base import ModelResponse
 from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import ModelError, PlatformError, StorageError
+from bot.gateway.dispatcher import DispatcherBusyError
 from bot.gateway.gateway import Gateway, Replies
 from bot.gateway.ledger import RECOVERED_MARKER
 from tests.fakes.adapter import FakeAdapter, make_event, transient
@@ -306,3 +308,37 @@ async def test_failed_status_is_recorded_against_its_obligation(
     await handler(row.sent_ids[0], "131026 undeliverable")
     again = await rig.gateway.ledger.get(row.obligation_id)
     assert again is not None and "131026" in (again.last_error or "")
+
+
+async def test_the_user_sees_typing_while_a_turn_runs(rigs: Callable[..., object]) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    rig.model.add(ScriptedModel.reply("done thinking"))
+    await rig.adapter.deliver(make_event("hi"))
+    await rig.adapter.wait_for_sent(1)
+    assert rig.adapter.typing >= 1
+
+
+async def test_stop_lets_a_turn_in_flight_finish_and_refuses_new_messages(
+    rigs: Callable[..., object],
+) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    in_model = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(_: object) -> ModelResponse:
+        in_model.set()
+        await release.wait()
+        return ScriptedModel.reply("finished after the stop began")
+
+    rig.model.add(slow)
+    await rig.adapter.deliver(make_event("hi"))
+    await asyncio.wait_for(in_model.wait(), 5)
+    stopping = asyncio.create_task(rig.gateway.stop(grace=10))
+    await asyncio.sleep(0)  # let stop() run up to its wait for the turn
+    assert not stopping.done()
+    with pytest.raises(DispatcherBusyError):
+        await rig.adapter.deliver(make_event("too late"))
+    release.set()
+    await asyncio.wait_for(stopping, 10)
+    assert [s.text for s in rig.adapter.sent] == ["finished after the stop began"]
+    assert (await rig.gateway.ledger.status())["delivered"] == 1

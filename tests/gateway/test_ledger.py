@@ -185,20 +185,23 @@ async def test_record_is_idempotent_and_never_reopens_a_delivered_row(
     }
 
 
+_ONE_REPLY: dict[str, Any] = dict(
+    obligation_id="o1",
+    session_key="k",
+    session_id="s",
+    platform="telegram",
+    chat_id="42",
+    thread_id=None,
+    reply_to=None,
+    content="x",
+    message_ref="m",
+)
+
+
 async def test_record_in_is_part_of_the_callers_transaction(
     ledger: DeliveryLedger, store: SQLiteSessionStore
 ) -> None:
-    kwargs: dict[str, Any] = dict(
-        obligation_id="o1",
-        session_key="k",
-        session_id="s",
-        platform="telegram",
-        chat_id="42",
-        thread_id=None,
-        reply_to=None,
-        content="x",
-        message_ref="m",
-    )
+    kwargs = _ONE_REPLY
     with pytest.raises(RuntimeError):
         async with store.transaction() as tx:
             assert await ledger.record_obligation_in(tx, **kwargs)
@@ -793,17 +796,7 @@ async def test_tables_are_made_lazily_even_inside_a_rolled_back_turn(
     store: SQLiteSessionStore, clock: FakeClock
 ) -> None:
     fresh = DeliveryLedger(store, clock=clock)  # open() never called
-    kwargs: dict[str, Any] = dict(
-        obligation_id="o1",
-        session_key="k",
-        session_id="s",
-        platform="telegram",
-        chat_id="42",
-        thread_id=None,
-        reply_to=None,
-        content="x",
-        message_ref="m",
-    )
+    kwargs = _ONE_REPLY
     with pytest.raises(RuntimeError):
         async with store.transaction() as tx:
             await fresh.record_obligation_in(tx, **kwargs)
