@@ -13,10 +13,11 @@ See ``agents/README.md`` to add your own agents, tools and handoffs.
 
 from __future__ import annotations
 
-from agents.billing import billing
-from agents.orders import order_tracking
-from agents.triage import triage
 from bot.core.agent import Agent
+
+from .billing import billing
+from .orders import order_tracking
+from .triage import triage
 
 __all__ = ["billing", "order_tracking", "starting_agent", "triage"]
 

@@ -23,10 +23,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
-from agents._data import read_data_file
 from bot.config import load_settings
 from bot.core.agent import Agent
 from bot.core.tools import ToolContext, tool
+
+from ._data import read_data_file
 
 __all__ = [
     "BILLING_INSTRUCTIONS",

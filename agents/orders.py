@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
-from agents._data import read_data_file
 from bot.core.agent import Agent
 from bot.core.tools import tool
+
+from ._data import read_data_file
 
 __all__ = [
     "ORDER_TRACKING_INSTRUCTIONS",

@@ -44,7 +44,7 @@ from bot.gateway.events import MessageEvent, SessionSource  # noqa: E402
 from bot.gateway.gateway import Gateway  # noqa: E402
 from bot.gateway.instances import InstanceRegistry  # noqa: E402
 from bot.gateway.keys import load_or_create_shared_secret  # noqa: E402
-from platforms.base import EventHandler, SendResult  # noqa: E402
+from bot.platforms.base import EventHandler, SendResult  # noqa: E402
 
 SESSIONS = 48
 """Clients in all (split over the processes)."""

@@ -52,7 +52,7 @@ from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
-from platforms.base import EventHandler, SendResult
+from bot.platforms.base import EventHandler, SendResult
 
 NAME = "pipeline"
 LEVELS = (1, 10, 100)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import importlib
 import logging
 import os
 import signal
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from bot.agents_loader import load_agents
 from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.memory import BaseSessionStore
@@ -29,8 +29,8 @@ from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.metrics import Metrics
+from bot.platforms.base import PlatformAdapter
 from bot.server import HttpServer, build_app
-from platforms.base import PlatformAdapter
 
 __all__ = [
     "POLLING_CONFLICT_MESSAGE",
@@ -52,21 +52,9 @@ POLLING_CONFLICT_MESSAGE = (
 logger = logging.getLogger(__name__)
 
 
-def load_starting_agent(module_name: str) -> Agent:
-    """Import ``module_name`` and return its ``starting_agent``."""
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"AGENTS_MODULE: cannot import {module_name!r} ({exc})", setting="AGENTS_MODULE"
-        ) from exc
-    agent = getattr(module, "starting_agent", None)
-    if not isinstance(agent, Agent):
-        raise ConfigurationError(
-            f"AGENTS_MODULE: {module_name!r} has no `starting_agent` Agent",
-            setting="AGENTS_MODULE",
-        )
-    return agent
+def load_starting_agent(module_name: str | None = None) -> Agent:
+    """``starting_agent`` of ``AGENTS_MODULE``, the project's ``agents/``, or the examples."""
+    return load_agents(module_name).starting_agent
 
 
 def open_store(settings: Settings) -> BaseSessionStore:
@@ -128,7 +116,7 @@ def build_adapters(
     """One adapter per configured platform, plus the console when asked for."""
     adapters: list[PlatformAdapter] = []
     if settings.telegram_bot_token is not None:
-        from platforms.telegram import TelegramAdapter
+        from bot.platforms.telegram import TelegramAdapter
 
         secret = settings.telegram_webhook_secret
         adapters.append(
@@ -141,7 +129,7 @@ def build_adapters(
             )
         )
     if settings.whatsapp_phone_id:
-        from platforms.whatsapp import WhatsAppAdapter
+        from bot.platforms.whatsapp import WhatsAppAdapter
 
         assert settings.whatsapp_token is not None  # checked by Settings
         assert settings.whatsapp_verify_token is not None
@@ -157,7 +145,7 @@ def build_adapters(
             )
         )
     if console:
-        from platforms.console import ConsoleAdapter
+        from bot.platforms.console import ConsoleAdapter
 
         adapters.append(ConsoleAdapter(input_stream=console_in, output_stream=console_out))
     return adapters

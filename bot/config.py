@@ -107,8 +107,9 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     """How long a shutdown waits for turns in flight."""
 
-    agents_module: str = "agents"
-    """Importable module exposing ``starting_agent``."""
+    agents_module: str | None = None
+    """Importable module exposing ``starting_agent``; unset: the project's ``agents/``
+    folder (the working directory's), else the example agents."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Root log level."""
     log_format: Literal["auto", "text", "json"] = "auto"

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from bot.app import load_starting_agent, open_store
+from bot.agents_loader import load_agents
+from bot.app import open_store
 from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.models.routing import ModelSettings, default_model_name, route_model
@@ -57,10 +58,10 @@ async def _check_database(settings: Settings) -> CheckResult:
 
 async def _check_models(settings: Settings, client: httpx.AsyncClient) -> list[CheckResult]:
     model_settings = ModelSettings.from_settings(settings)
-    starting = load_starting_agent(settings.agents_module)
-    agents = _reachable_agents(starting)
+    loaded = load_agents(settings.agents_module)
+    agents = _reachable_agents(loaded.starting_agent)
     names = sorted({a.model or default_model_name(model_settings) for a in agents})
-    results = [CheckResult("agents", True, f"{len(agents)} agents from {settings.agents_module}")]
+    results = [CheckResult("agents", True, f"{len(agents)} agents from {loaded.source}")]
     for name in names:
         route = route_model(name, model_settings)
         if route.provider == "offline":
@@ -98,7 +99,7 @@ async def _check_telegram(settings: Settings, client: httpx.AsyncClient) -> Chec
 
 
 async def _check_whatsapp(settings: Settings, client: httpx.AsyncClient) -> CheckResult:
-    from platforms.whatsapp import DEFAULT_API_VERSION
+    from bot.platforms.whatsapp import DEFAULT_API_VERSION
 
     if settings.whatsapp_app_secret is None and not settings.whatsapp_insecure_dev:
         return CheckResult("whatsapp", False, "WHATSAPP_APP_SECRET is not set")

@@ -33,7 +33,7 @@ from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import build_session_key, session_id_for
 from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
 from bot.metrics import Metrics
-from platforms.base import PlatformAdapter
+from bot.platforms.base import PlatformAdapter
 
 __all__ = ["Gateway", "Replies"]
 

@@ -32,7 +32,7 @@ import pytest
 
 from bot.core.paths import is_path_unsafe, is_session_key_unsafe
 from bot.gateway.gateway import Replies
-from platforms.text import utf16_len
+from bot.platforms.text import utf16_len
 from tests.e2e import proof_report
 from tests.e2e.botprocess import BotProcess
 from tests.e2e.proof_world import (

@@ -11,7 +11,7 @@ from starlette.routing import BaseRoute
 
 from bot.errors import PlatformError
 from bot.gateway.events import MessageEvent, SessionSource
-from platforms.base import EventHandler, SendResult
+from bot.platforms.base import EventHandler, SendResult
 
 _ids = itertools.count(1)
 

@@ -10,8 +10,8 @@ import pytest
 
 from bot.errors import PlatformError
 from bot.gateway.events import MessageEvent
-from platforms.base import EventHandler, PlatformAdapter, SendResult
-from platforms.console import CONSOLE_CHAT_ID, CONSOLE_SENDER_ID, PROMPT, ConsoleAdapter
+from bot.platforms.base import EventHandler, PlatformAdapter, SendResult
+from bot.platforms.console import CONSOLE_CHAT_ID, CONSOLE_SENDER_ID, PROMPT, ConsoleAdapter
 
 
 class TTYStringIO(io.StringIO):

@@ -15,8 +15,8 @@ from starlette.applications import Starlette
 
 from bot.errors import ChatflowError, ConfigurationError, PlatformError
 from bot.gateway.events import MessageEvent
-from platforms.telegram import WEBHOOK_PATH, TelegramAdapter
-from platforms.text import utf16_len
+from bot.platforms.telegram import WEBHOOK_PATH, TelegramAdapter
+from bot.platforms.text import utf16_len
 from tests.fakes.telegram_server import FakeTelegramServer, Fault
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "telegram"
@@ -439,7 +439,7 @@ async def test_stop_is_idempotent_and_restartable(
     checked = [
         r.getMessage()
         for r in caplog.records
-        if r.name.startswith("platforms")
+        if r.name.startswith("bot.platforms")
         or (r.levelno >= logging.INFO and not r.name.startswith("httpx"))
     ]
     assert any("Telegram adapter stopped" in m for m in checked)

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from telegram import Update
 
-from platforms.telegram import map_update
-from platforms.text import utf16_len
+from bot.platforms.telegram import map_update
+from bot.platforms.text import utf16_len
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "telegram"
 BOT_ID = 5000000001

@@ -16,9 +16,9 @@ from telegram.error import BadRequest, ChatMigrated, Forbidden, NetworkError, Re
 
 from bot.errors import ConfigurationError, PlatformError
 from bot.gateway.events import MessageEvent, SessionSource
-from platforms.base import PlatformAdapter
-from platforms.telegram import TelegramAdapter, translate_error
-from platforms.text import utf16_len
+from bot.platforms.base import PlatformAdapter
+from bot.platforms.telegram import TelegramAdapter, translate_error
+from bot.platforms.text import utf16_len
 
 TOKEN = "123456789:AAtestTOKENvalue_for_respx_only"
 API = f"https://api.telegram.org/bot{TOKEN}"
@@ -340,7 +340,7 @@ async def test_typing_errors_are_swallowed(
 async def test_rejected_token_is_a_configuration_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="platforms")
+    caplog.set_level(logging.DEBUG, logger="bot.platforms")
     with respx.mock(base_url=API) as router:
         router.post("/getMe").mock(return_value=error(401, "Unauthorized"))
         tg = TelegramAdapter(TOKEN, backoff_initial=0.001)

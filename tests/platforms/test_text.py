@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from platforms.text import split_text, utf16_len
+from bot.platforms.text import split_text, utf16_len
 
 Length = Callable[[str], int]
 

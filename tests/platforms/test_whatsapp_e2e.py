@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 
 from bot.errors import PlatformError
 from bot.gateway.events import MessageEvent
-from platforms.whatsapp import WEBHOOK_PATH, WhatsAppAdapter
+from bot.platforms.whatsapp import WEBHOOK_PATH, WhatsAppAdapter
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
 from tests.fakes.whatsapp_webhook import GROUP_ID, PHONE_NUMBER_ID, USER_WA_ID, WebhookSender
 

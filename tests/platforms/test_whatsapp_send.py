@@ -13,10 +13,10 @@ from pywa.types.sent_update import RecipientType
 
 from bot.errors import PlatformError
 from bot.gateway.events import MessageEvent, SessionSource
-from platforms import whatsapp as whatsapp_module
-from platforms.text import split_text
-from platforms.whatsapp import DEFAULT_API_VERSION, WhatsAppAdapter
-from platforms.whatsapp_payload import is_group_chat_id
+from bot.platforms import whatsapp as whatsapp_module
+from bot.platforms.text import split_text
+from bot.platforms.whatsapp import DEFAULT_API_VERSION, WhatsAppAdapter
+from bot.platforms.whatsapp_payload import is_group_chat_id
 
 PHONE_ID = "106540352242922"
 TOKEN = "test-token"

@@ -17,9 +17,9 @@ from starlette.applications import Starlette
 
 from bot.errors import ConfigurationError
 from bot.gateway.events import MessageEvent
-from platforms.base import PlatformAdapter
-from platforms.whatsapp import MAX_BODY_BYTES, WEBHOOK_PATH, WhatsAppAdapter
-from platforms.whatsapp_payload import parse_webhook
+from bot.platforms.base import PlatformAdapter
+from bot.platforms.whatsapp import MAX_BODY_BYTES, WEBHOOK_PATH, WhatsAppAdapter
+from bot.platforms.whatsapp_payload import parse_webhook
 from tests.fakes.whatsapp_webhook import (
     BUSINESS_NUMBER,
     GROUP_ID,
@@ -133,7 +133,7 @@ async def test_insecure_dev_warns_loudly_and_skips_signatures(
     recorder: Recorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     wa = make_adapter(app_secret=None, insecure_dev=True)
-    with caplog.at_level(logging.WARNING, logger="platforms.whatsapp"):
+    with caplog.at_level(logging.WARNING, logger="bot.platforms.whatsapp"):
         await wa.start(recorder)
     try:
         assert any("INSECURE" in r.getMessage() for r in caplog.records)
@@ -396,7 +396,7 @@ async def test_failed_status_is_logged_and_reported(
     adapter.on_status_failed = on_failed
     payload = load("status_failed")
     wamid = payload["entry"][0]["changes"][0]["value"]["statuses"][0]["id"]
-    with caplog.at_level(logging.WARNING, logger="platforms.whatsapp"):
+    with caplog.at_level(logging.WARNING, logger="bot.platforms.whatsapp"):
         (response,) = await sender.post(payload)
     assert response.status_code == 200
     assert recorder.events == []

@@ -1,0 +1,1 @@
+"""Messaging platform adapters: Telegram, WhatsApp Cloud and the local console."""

@@ -1,0 +1,333 @@
+"""The local terminal channel behind ``python -m bot chat``: no token, no network.
+
+Each non-empty input line becomes a ``MessageEvent`` from one fixed local user
+in one fixed DM chat; each reply is printed as ``[Agent] text`` so handoffs
+show. A line starting with ``/`` is a command (``/reset`` -> ``command="reset"``).
+
+Input is read by a daemon thread, one line per request from the adapter's task:
+the standard input cannot be made non-blocking portably (on a terminal, making
+it non-blocking also affects stdout, which shares the file description), and a
+read parked in ``asyncio.to_thread`` would keep ``asyncio.run`` from returning
+until the user pressed Enter, because the default executor is joined at
+shutdown. A daemon thread never holds up the exit. The next line is read only
+after the gateway accepted the previous one, so events arrive in input order.
+
+Writes go through ``asyncio.to_thread`` so a slow reader at the far end of a
+pipe never stalls the event loop; they are serialised, so replies keep their
+order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import re
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+from uuid import uuid4
+
+from starlette.routing import BaseRoute
+
+from bot.errors import PlatformError
+from bot.gateway.events import MessageEvent, SessionSource
+from bot.platforms.base import EventHandler, SendResult
+from bot.platforms.text import split_text
+
+__all__ = [
+    "CONSOLE_CHAT_ID",
+    "CONSOLE_SENDER_ID",
+    "PROMPT",
+    "ConsoleAdapter",
+    "LineInput",
+    "TextOutput",
+]
+
+logger = logging.getLogger(__name__)
+
+CONSOLE_CHAT_ID = "local"
+"""The one chat the console has."""
+CONSOLE_SENDER_ID = "local-user"
+"""The one person who types into the console."""
+PROMPT = "> "
+"""Shown before each line read from an interactive terminal."""
+
+_COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@\S*)?(?:\s|$)")
+"""A Telegram-style command word: ``/reset``, ``/start hello``; ``/usr/bin`` is text."""
+_CLEAR_LINE = "\r\x1b[K"
+"""Carriage return + ANSI erase-line: removes a pending prompt before a reply."""
+
+_ReadResult = str | BaseException
+
+
+class LineInput(Protocol):
+    """What the console reads from: ``sys.stdin``, a text file, ``io.StringIO``.
+
+    An ``isatty()`` method, if present, tells whether to show a prompt.
+    """
+
+    def readline(self) -> str:
+        """The next line with its newline, or ``""`` at the end of input."""
+        ...
+
+
+class TextOutput(Protocol):
+    """What the console writes to: ``sys.stdout``, a text file, ``io.StringIO``."""
+
+    def write(self, text: str, /) -> int:
+        """Write ``text``."""
+        ...
+
+    def flush(self) -> None:
+        """Push buffered text out."""
+        ...
+
+
+class ConsoleAdapter:
+    """A ``PlatformAdapter`` for a local terminal (or any pair of text streams).
+
+    Args:
+        input_stream: Where lines are read; ``sys.stdin`` by default.
+        output_stream: Where replies are written; ``sys.stdout`` by default.
+        user_name: Display name of the local user (``sender_name`` of events).
+    """
+
+    name: str = "console"
+    """Platform name used in session keys and ledger rows."""
+    max_text_len: int = 1_000_000
+    """A terminal has no message size limit; this only bounds one write."""
+
+    def __init__(
+        self,
+        *,
+        input_stream: LineInput | None = None,
+        output_stream: TextOutput | None = None,
+        user_name: str = "you",
+    ) -> None:
+        self._input: LineInput = input_stream if input_stream is not None else sys.stdin
+        self._output: TextOutput = output_stream if output_stream is not None else sys.stdout
+        self._user_name = user_name
+        self._interactive = _isatty(self._input)
+        self._ansi = self._interactive and _isatty(self._output)
+        self.closed = asyncio.Event()
+        """Set when the input ended (EOF) or the adapter stopped: the CLI awaits it,
+        then drains the gateway so the last replies are written before it exits."""
+        self._eof = False
+        self._connected = False
+        self._started = False
+        self._task: asyncio.Task[None] | None = None
+        self._requests: queue.SimpleQueue[asyncio.Future[_ReadResult] | None] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
+        self._send_lock = asyncio.Lock()
+        # Guards the output stream between the reader thread (prompt) and sends.
+        self._write_lock = threading.Lock()
+        self._prompt_pending = False
+        self._sent = 0
+
+    @property
+    def is_connected(self) -> bool:
+        """True once ``start`` succeeded and until ``stop``.
+
+        The end of input does not disconnect: replies to the last lines still
+        have to be written while the gateway drains."""
+        return self._connected
+
+    @property
+    def eof(self) -> bool:
+        """True once the input stream reached its end."""
+        return self._eof
+
+    async def start(self, on_event: EventHandler) -> None:
+        """Begin reading lines in the background and hand each to ``on_event``.
+
+        Raises ``RuntimeError`` if the adapter was started before: its input
+        belongs to one reader for the adapter's life.
+        """
+        if self._started:
+            raise RuntimeError("ConsoleAdapter.start() called twice")
+        self._started = True
+        self._reader = threading.Thread(target=self._read_lines, name="console-input", daemon=True)
+        self._reader.start()
+        self._task = asyncio.create_task(self._pump(on_event), name="console-input")
+        self._connected = True
+        logger.info("console channel started (interactive=%s)", self._interactive)
+
+    async def stop(self) -> None:
+        """Stop reading input; idempotent. The streams are left open (not ours)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+        self._finish()
+        self._connected = False
+
+    async def send(
+        self,
+        chat_id: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """Write ``text`` and a newline to the output stream and flush it.
+
+        ``chat_id``, ``thread_id`` and ``reply_to`` are accepted for the
+        protocol; the console has one chat and no quoting. Returns one
+        sequential id per written part. A closed or broken output stream raises
+        a non-retryable ``PlatformError``.
+        """
+        parts = [text] if len(text) <= self.max_text_len else split_text(text, self.max_text_len)
+        ids: list[str] = []
+        async with self._send_lock:
+            for part in parts:
+                try:
+                    await asyncio.to_thread(self._write_reply, part)
+                except (OSError, ValueError) as exc:
+                    raise PlatformError(
+                        f"cannot write to the console: {type(exc).__name__}",
+                        platform=self.name,
+                    ) from exc
+                self._sent += 1
+                ids.append(str(self._sent))
+        return SendResult(message_ids=ids)
+
+    async def indicate_typing(self, event: MessageEvent) -> None:
+        """Do nothing, on purpose: the user of a terminal sees the prompt come back
+        only with the reply, and a printed "typing..." line would interleave with
+        the conversation. It returns at once so the gateway's typing loop costs
+        nothing here."""
+        return None
+
+    def format_reply(self, text: str, agent_name: str) -> str:
+        """Prefix the reply with the answering agent, so handoffs are visible."""
+        return f"[{agent_name}] {text}"
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """No HTTP routes: the console is not reached over the network."""
+        return []
+
+    # -- input ---------------------------------------------------------------
+
+    async def _pump(self, on_event: EventHandler) -> None:
+        """Read lines one by one and deliver them, until EOF or cancellation."""
+        try:
+            while True:
+                result = await self._read_line()
+                if isinstance(result, UnicodeDecodeError):
+                    logger.warning("console input line is not valid text; skipped")
+                    continue
+                if isinstance(result, BaseException):
+                    logger.error("console input failed: %s", type(result).__name__)
+                    break
+                if result == "":
+                    self._eof = True
+                    if self._interactive:
+                        # The user pressed Ctrl-D at the prompt: end that line.
+                        await asyncio.to_thread(self._write, "\n")
+                    break
+                text = result.rstrip("\r\n")
+                if not text.strip():
+                    continue
+                event = self._make_event(text)
+                try:
+                    await on_event(event)
+                except Exception:
+                    # There is no redelivery on a terminal: say so and go on.
+                    logger.exception("console message %s was not accepted", event.message_id)
+                    await asyncio.to_thread(
+                        self._write, "(that message could not be accepted; please retry)\n"
+                    )
+        finally:
+            self._finish()
+
+    def _make_event(self, text: str) -> MessageEvent:
+        """Build the event for one input line."""
+        match = _COMMAND.match(text)
+        return MessageEvent(
+            platform=self.name,
+            message_id=f"console:{uuid4().hex}",
+            source=SessionSource(
+                self.name,
+                chat_id=CONSOLE_CHAT_ID,
+                chat_type="dm",
+                sender_id=CONSOLE_SENDER_ID,
+                sender_name=self._user_name,
+            ),
+            text=text,
+            command=match.group(1).lower() if match else None,
+        )
+
+    async def _read_line(self) -> _ReadResult:
+        """Ask the reader thread for the next line ('' at EOF, or the error raised)."""
+        future: asyncio.Future[_ReadResult] = asyncio.get_running_loop().create_future()
+        self._requests.put(future)
+        return await future
+
+    def _read_lines(self) -> None:
+        """Reader thread: serve one read request at a time until told to stop."""
+        while True:
+            future = self._requests.get()
+            if future is None:
+                return
+            if self._interactive:
+                with self._write_lock:
+                    self._output.write(PROMPT)
+                    self._output.flush()
+                    self._prompt_pending = True
+            result: _ReadResult
+            try:
+                result = self._input.readline()
+            except Exception as exc:
+                result = exc
+            with self._write_lock:
+                self._prompt_pending = False
+            try:
+                future.get_loop().call_soon_threadsafe(_resolve, future, result)
+            except RuntimeError:
+                return  # the loop is closed: nobody is waiting any more
+            if result == "":
+                return
+
+    def _finish(self) -> None:
+        """Mark the input closed and let the reader thread end."""
+        if self._started and not self.closed.is_set():
+            self._requests.put(None)
+        self.closed.set()
+
+    # -- output --------------------------------------------------------------
+
+    def _write_reply(self, text: str) -> None:
+        """Write one reply; on a terminal, redraw the prompt the reply displaced."""
+        with self._write_lock:
+            if self._prompt_pending:
+                self._output.write((_CLEAR_LINE if self._ansi else "\n") + text + "\n" + PROMPT)
+            else:
+                self._output.write(text + "\n")
+            self._output.flush()
+
+    def _write(self, text: str) -> None:
+        with self._write_lock:
+            self._output.write(text)
+            self._output.flush()
+
+
+def _resolve(future: asyncio.Future[_ReadResult], result: _ReadResult) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _isatty(stream: object) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    if not callable(isatty):
+        return False
+    try:
+        return bool(isatty())
+    except (OSError, ValueError):  # a closed stream
+        return False
