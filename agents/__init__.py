@@ -13,7 +13,7 @@ See ``agents/README.md`` to add your own agents, tools and handoffs.
 
 from __future__ import annotations
 
-from bot.core.agent import Agent
+from bot import Agent
 
 from .billing import billing
 from .orders import order_tracking

@@ -15,17 +15,16 @@ import json
 import logging
 import os
 import re
-import weakref
+import threading
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bot.config import load_settings
-from bot.core.agent import Agent
-from bot.core.tools import ToolContext, tool
+from bot import Agent, ToolContext, tool
 
 from ._data import read_data_file
 
@@ -129,13 +128,24 @@ def _load_invoices() -> dict[str, Invoice]:
     return {key: Invoice(invoice_id=key, **record.model_dump()) for key, record in records.items()}
 
 
+class _DataDir(BaseSettings):
+    """``DATA_DIR`` alone, read as the bot reads it: the environment, then ``.env``.
+
+    Only this one field is parsed, so a wrong value of some other setting
+    cannot make a refund fail.
+    """
+
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    data_dir: Path = Path("./data")
+
+
 def refunds_path() -> Path:
     """Where refund requests are recorded: ``<DATA_DIR>/refund_requests.jsonl``.
 
-    ``DATA_DIR`` is read through the bot's settings (environment or ``.env``),
-    so it is the same directory the bot keeps its database in.
+    The same directory the bot keeps its database in (``DATA_DIR``, default ``./data``).
     """
-    return load_settings().data_dir / REFUNDS_FILE
+    return _DataDir().data_dir / REFUNDS_FILE
 
 
 @tool
@@ -173,21 +183,10 @@ async def get_invoice(invoice_id: str) -> Invoice | str:
     return invoice
 
 
-# One lock per event loop: an asyncio.Lock must not be shared across loops, and
-# tests (or a CLI command) may run several loops in one process. The lock orders
-# writers within this process; several bot processes on one DATA_DIR would need
-# a file lock (fcntl) on top.
-_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _refunds_lock() -> asyncio.Lock:
-    loop = asyncio.get_running_loop()
-    lock = _locks.get(loop)
-    if lock is None:
-        lock = _locks[loop] = asyncio.Lock()
-    return lock
+# The file is read and appended in worker threads, so a thread lock orders the
+# writers of this process whichever event loop called the tool. Several bot
+# processes on one DATA_DIR would need a file lock (fcntl) on top.
+_refunds_lock = threading.Lock()
 
 
 @tool
@@ -213,15 +212,19 @@ async def request_refund(ctx: ToolContext, invoice_id: str, reason: str) -> Refu
         return f"Invoice {key} has not been paid yet, so there is nothing to refund."
     if invoice.status == "refunded":
         return f"Invoice {key} has already been refunded."
-    async with _refunds_lock():
-        return await asyncio.to_thread(_record_refund, ctx, invoice, why)
+    return await asyncio.to_thread(_record_refund, ctx, invoice, why)
 
 
 def _record_refund(ctx: ToolContext, invoice: Invoice, reason: str) -> RefundRequest:
     """Append the request unless this message or an earlier one already made it.
 
-    Runs in a worker thread, under the refunds lock.
+    Runs in a worker thread; the check and the append hold the refunds lock together.
     """
+    with _refunds_lock:
+        return _record_refund_locked(ctx, invoice, reason)
+
+
+def _record_refund_locked(ctx: ToolContext, invoice: Invoice, reason: str) -> RefundRequest:
     # Keyed by inbound message *and* invoice: one message may ask for two invoices.
     idem_key = (
         f"{ctx.inbound_message_id}|{invoice.invoice_id}"

@@ -13,8 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
-from bot.core.agent import Agent
-from bot.core.tools import tool
+from bot import Agent, tool
 
 from ._data import read_data_file
 

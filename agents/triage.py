@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot.core.agent import Agent
+from bot import Agent
 
 __all__ = ["TRIAGE_INSTRUCTIONS", "triage"]
 

@@ -137,6 +137,7 @@ async def worker(dsn: str, index: int, sessions: int, start_at: float) -> dict[s
     )
     gateway = Gateway(runner, store, [adapter], settings, secret=secret, instances=registry)
     await gateway.start()
+    await gateway.wait_ready()
     latencies: list[float] = []
     measure_from = start_at
     measure_to = start_at + MEASURE_SECONDS

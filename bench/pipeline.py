@@ -185,6 +185,7 @@ async def start_harness(directory: Path) -> Harness:
     adapter = BenchAdapter()
     gateway = Gateway(runner, store, [adapter], settings, secret=b"bench-installation-secret")
     await gateway.start()
+    await gateway.wait_ready()
     return Harness(gateway, store, adapter, counter, settings)
 
 

@@ -126,6 +126,7 @@ def build_adapters(
                 webhook_url=settings.telegram_webhook_url,
                 webhook_secret=None if secret is None else secret.get_secret_value(),
                 allow_channels=settings.telegram_allow_channels,
+                stop_timeout=settings.shutdown_grace_seconds,
             )
         )
     if settings.whatsapp_phone_id:
@@ -288,8 +289,7 @@ class Bot:
     async def _health(self, gateway: Gateway) -> dict[str, object]:
         database = "ok"
         try:
-            async with gateway.store.transaction() as tx:
-                await tx.fetchall("SELECT 1")
+            await gateway.store.ping()
         except ChatflowError as exc:
             database = f"error: {type(exc).__name__}"
         platforms = {name: a.is_connected for name, a in gateway.adapters.items()}

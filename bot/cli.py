@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import stat
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -15,23 +17,47 @@ from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.ledger import DeliveryLedger
 from bot.logs import configure_logging, quiet_console_logs
 
-__all__ = ["main"]
+__all__ = ["NO_PLATFORM_MESSAGE", "main", "stdin_has_input"]
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+NO_PLATFORM_MESSAGE = (
+    "no platform configured and no input to chat over: set TELEGRAM_BOT_TOKEN, or "
+    "WHATSAPP_PHONE_ID and WHATSAPP_TOKEN (see .env.example), or use `chatflow chat`"
+)
+"""Why ``run`` stops when it has nobody to talk to."""
 
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:
     console = args.console
     if console is None:
-        # Nothing configured and someone at the keyboard: talk through the terminal.
-        console = (
-            not settings.telegram_enabled and not settings.whatsapp_enabled and sys.stdin.isatty()
-        )
+        # Nothing configured: talk over the terminal or piped input (exiting at its end);
+        # a service with no input at all would idle forever, so it stops and says why.
+        if settings.telegram_enabled or settings.whatsapp_enabled:
+            console = False
+        elif stdin_has_input():
+            console = True
+        else:
+            raise ConfigurationError(NO_PLATFORM_MESSAGE, setting="TELEGRAM_BOT_TOKEN")
     if console:
         _quiet_for_a_person(settings)
     with instance_lock(settings):
         await Bot(settings, console=console).run()
     return 0
+
+
+def stdin_has_input() -> bool:
+    """Whether standard input is a terminal, a pipe or a file (not closed, not /dev/null)."""
+    if sys.stdin is None:
+        return False
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+        if stat.S_ISCHR(mode) and not sys.stdin.isatty():
+            return False  # /dev/null and other devices: nobody is typing
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
 def _quiet_for_a_person(settings: Settings) -> None:

@@ -34,6 +34,8 @@ class Settings(BaseSettings):
         extra="ignore",
         case_sensitive=False,
         frozen=True,
+        # `TELEGRAM_BOT_TOKEN=` (as .env.example leaves it) means "not set", not "".
+        env_ignore_empty=True,
     )
 
     data_dir: Path = Path("./data")

@@ -12,6 +12,7 @@ __all__ = [
     "AgentNotFoundError",
     "ChatflowError",
     "ConfigurationError",
+    "EmptyAnswerError",
     "MaxToolRoundsError",
     "ModelError",
     "PlatformError",
@@ -78,6 +79,14 @@ class ModelError(ChatflowError):
         super().__init__(message, retryable=retryable, retry_after=retry_after)
         self.status_code = status_code
         """HTTP status returned by the provider, if there was one."""
+
+
+class EmptyAnswerError(ModelError):
+    """The model's final answer was blank (no text, no tool calls).
+
+    No platform can send an empty message, so the turn rolls back rather than
+    commit a reply nobody would see; the gateway apologises instead.
+    """
 
 
 class TurnError(ChatflowError):

@@ -61,12 +61,13 @@ class Metrics:
         self.abandoned = Counter(
             "chatflow_abandoned", "Replies given up on", ["platform"], registry=r
         )
-        self.model_latency = Histogram(
+        self.turn_duration = Histogram(
             "chatflow_turn_seconds",
             "Time to play one turn (model and tools)",
             registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
         )
+        # Read at each scrape (the gateway sets the function), never a stale last value.
         self.queued = Gauge("chatflow_queued_messages", "Messages waiting for a worker", registry=r)
 
     def render(self) -> bytes:

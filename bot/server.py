@@ -110,6 +110,8 @@ class HttpServer:
         if self._task is None:
             return
         self._server.should_exit = True
-        with contextlib.suppress(Exception):
+        try:
             await self._task
+        except Exception as exc:
+            logger.warning("HTTP server did not stop cleanly: %r", exc)
         self._task = None

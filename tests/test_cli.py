@@ -131,3 +131,28 @@ async def test_second_instance_is_refused_and_sigterm_stops_cleanly(tmp_path: Pa
     assert "already running" in second.stderr
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+def test_run_with_piped_input_and_no_platform_chats_and_exits(tmp_path: Path) -> None:
+    # `echo 'where is order 1001?' | make run`: answered over stdin, then the bot exits.
+    result = _bot(tmp_path, "run", stdin="where is order 1001?\n", TELEGRAM_BOT_TOKEN="")
+    assert result.returncode == 0, result.stderr
+    assert "1001" in result.stdout
+    assert "Shipped" in result.stdout or "shipped" in result.stdout
+
+
+def test_run_as_a_service_with_no_platform_stops_with_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bot", "run"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "TELEGRAM_BOT_TOKEN" in lines[0] and "WHATSAPP_PHONE_ID" in lines[0]

@@ -29,7 +29,7 @@ def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_reads_dotenv_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = tmp_path / ".env"
     env.write_text("HTTP_PORT=9001\nDEFAULT_MODEL=ollama/llama3.1\n")
-    settings = Settings(_env_file=env)  # type: ignore[call-arg]
+    settings = Settings(_env_file=env)
     assert settings.http_port == 9001
     assert settings.default_model == "ollama/llama3.1"
 
@@ -69,3 +69,12 @@ def test_secrets_never_print(monkeypatch: pytest.MonkeyPatch) -> None:
     shown = repr(settings) + str(settings) + settings.model_dump_json()
     assert "supersecret" not in shown
     assert "appsecret-xyz" not in shown
+
+
+def test_an_empty_value_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    # .env.example leaves `TELEGRAM_BOT_TOKEN=` empty: that is "no Telegram", not a token "".
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "")
+    monkeypatch.setenv("WHATSAPP_PHONE_ID", "")
+    settings = load_settings()
+    assert not settings.telegram_enabled
+    assert not settings.whatsapp_enabled

@@ -28,11 +28,36 @@ DESIGN_NAMES = {
     "ChatflowError",
 }
 
+# DESIGN.md §3.8 "Library": the settings the Runner reads, and the error family.
+LIBRARY_NAMES = {
+    "ToolContext",
+    "ModelSettings",
+    "AgentNotFoundError",
+    "ConfigurationError",
+    "EmptyAnswerError",
+    "MaxToolRoundsError",
+    "ModelError",
+    "PlatformError",
+    "SchemaVersionError",
+    "StorageError",
+    "TurnError",
+}
+
 
 def test_all_lists_exactly_the_public_names() -> None:
-    assert set(bot.__all__) == DESIGN_NAMES | {"ToolContext"}
+    assert set(bot.__all__) == DESIGN_NAMES | LIBRARY_NAMES
     for name in bot.__all__:
         assert getattr(bot, name) is not None
+
+
+def test_testing_helpers_are_a_separate_module() -> None:
+    from bot.core.models.scripted import ScriptedModel
+    from bot.testing import FakeAdapter, make_event
+    from bot.testing import ScriptedModel as exported
+
+    assert exported is ScriptedModel
+    assert callable(make_event) and FakeAdapter.__module__ == "bot.testing"
+    assert "testing" not in bot.__all__
 
 
 def test_seed_import_path_still_works() -> None:
@@ -60,6 +85,23 @@ def test_readme_example_runs_offline() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("[Order Tracking]")
+
+
+def test_agents_readme_library_example_runs_offline(tmp_path: Path) -> None:
+    readme = (ROOT / "agents" / "README.md").read_text()
+    block = re.search(r"## Run an agent from Python\n\n```python\n(.*?)```", readme, re.S)
+    assert block is not None
+    result = subprocess.run(
+        [sys.executable, "-c", block.group(1)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # no agents/ folder here: the shipped examples answer
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("[Order Tracking]")
+    assert "DHL Express" in result.stdout
 
 
 def test_env_example_documents_every_setting() -> None:

@@ -604,6 +604,10 @@ class BaseSessionStore(ABC):
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """An ``async with`` block running SQL in one transaction on the store's database."""
 
+    async def ping(self) -> None:
+        """Raise ``StorageError`` unless the store answers (health checks; no write lock)."""
+        return None  # in memory: always answers
+
     # -- dedup ----------------------------------------------------------------------
 
     @abstractmethod

@@ -16,7 +16,8 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from bot.core.agent import Agent, HandoffTool
 from bot.core.memory import (
@@ -28,9 +29,14 @@ from bot.core.memory import (
 )
 from bot.core.messages import Message, Role, ToolCall
 from bot.core.models.base import ChatModel, ModelResponse, Usage, current_agent_name
-from bot.core.models.routing import ModelRouter, ModelSettings, default_model_name
+from bot.core.models.routing import (
+    ModelRouter,
+    ModelSettings,
+    ModelSettingsSource,
+    default_model_name,
+)
 from bot.core.tools import ToolContext, error_result
-from bot.errors import ChatflowError, MaxToolRoundsError, TurnError
+from bot.errors import ChatflowError, EmptyAnswerError, MaxToolRoundsError, TurnError
 
 __all__ = ["OnCommit", "RunResult", "Runner"]
 
@@ -60,7 +66,11 @@ OnCommit = Callable[[RunResult, Transaction], Awaitable[None]]
 
 
 class Runner:
-    """Runs turns for a graph of agents against a session store."""
+    """Runs turns for a graph of agents against a session store.
+
+    Use it as ``async with Runner(agent) as runner:`` to close its model clients
+    (and its own in-memory store) on the way out, or call ``aclose()``.
+    """
 
     def __init__(
         self,
@@ -69,17 +79,27 @@ class Runner:
         *,
         model: ChatModel | None = None,
         max_tool_rounds: int = 10,
-        model_settings: ModelSettings | object | None = None,
+        model_settings: ModelSettings | ModelSettingsSource | None = None,
     ) -> None:
         """Collect every agent reachable through handoffs and resolve their models.
 
         ``model`` serves every agent (tests); without it each agent's ``model``
-        name (or ``DEFAULT_MODEL``, or ``offline``) is routed. A model name that
-        routes nowhere, or lacks its key, raises ``ConfigurationError`` here,
-        before any message. Two agents with one name raise ``ValueError``.
+        name (or ``DEFAULT_MODEL``, or ``offline``) is routed. ``model_settings``
+        is a ``ModelSettings`` or a settings object such as ``bot.config.Settings``;
+        without it the keys and URLs are read from the environment
+        (``ModelSettings.from_env()``), as the openai SDK does. Anything else
+        (a dict, say) raises ``TypeError``. A model name that routes nowhere, or
+        lacks its key, raises ``ConfigurationError`` here, before any message.
+        Two agents with one name raise ``ValueError``.
         """
         if max_tool_rounds < 0:
             raise ValueError("max_tool_rounds must be >= 0")
+        # Checked first: wrong settings must not leave a caller's store with our resolver.
+        self._settings = (
+            ModelSettings.from_settings(model_settings)
+            if model_settings is not None
+            else ModelSettings.from_env()
+        )
         self.starting_agent = starting_agent
         self.max_tool_rounds = max_tool_rounds
         self._agents = self._collect(starting_agent)
@@ -89,11 +109,6 @@ class Runner:
         )
         self.store.set_agent_resolver(self.get_agent)
         self._model_override = model
-        self._settings = (
-            ModelSettings.from_settings(model_settings)
-            if model_settings is not None
-            else ModelSettings()
-        )
         self._router = ModelRouter(self._settings)
         self._models: dict[str, tuple[ChatModel, str]] = {}
         self.validate()
@@ -147,6 +162,19 @@ class Runner:
         await self._router.aclose()
         if self._owns_store:
             await self.store.close()
+
+    async def __aenter__(self) -> Self:
+        """Return the runner itself."""
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Close it (``aclose``), whether the block raised or not."""
+        await self.aclose()
 
     async def run_async(
         self,
@@ -264,6 +292,10 @@ class Runner:
             response = await self._call_model(session, agent)
             usage = usage + response.usage
             calls, invalid = _unique_ids(response.tool_calls, response.invalid_tool_calls)
+            if not calls and not (response.content or "").strip():
+                # No adapter can send a blank reply: committing it would leave the
+                # user in silence. As a model failure the turn rolls back instead.
+                raise EmptyAnswerError(f"agent {agent.name!r} answered with no text")
             if calls and tool_rounds >= self.max_tool_rounds:
                 raise MaxToolRoundsError(
                     f"agent {agent.name!r} still calling tools after {self.max_tool_rounds} rounds"

@@ -110,6 +110,12 @@ class SQLSessionStore(BaseSessionStore):
     def _is_unique_violation(self, exc: BaseException | None) -> bool:
         """Whether a driver error is a unique-key violation."""
 
+    async def ping(self) -> None:
+        """Check the database answers, in a read-only transaction (no write lock)."""
+        await self.open()
+        async with self._transaction(write=False) as tx:
+            await tx.fetchall("SELECT 1")
+
     async def get_or_create(
         self,
         session_id: str,

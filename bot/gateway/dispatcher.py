@@ -56,6 +56,7 @@ class SessionDispatcher(Generic[T]):
         self._keys: set[str] = set()
         self._queued = 0
         self._paused = True
+        self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -74,8 +75,9 @@ class SessionDispatcher(Generic[T]):
         return self._max_queued is None or self._queued < self._max_queued
 
     def submit(self, session_id: str, key: str, item: T) -> bool:
-        """Queue ``item`` behind earlier items of ``session_id``; False if ``key`` is known."""
-        if key in self._keys:
+        """Queue ``item`` behind earlier items of ``session_id``; False if ``key`` is known,
+        or once ``cancel`` ran (the item stays wherever it came from, e.g. the inbox)."""
+        if key in self._keys or self._closed:
             return False
         if not self.has_room():
             raise DispatcherBusyError("too many messages waiting", retry_after=5.0)
@@ -128,7 +130,8 @@ class SessionDispatcher(Generic[T]):
         return True
 
     async def cancel(self) -> None:
-        """Cancel every running lane; queued items stay in the inbox for recovery."""
+        """Cancel every running lane and refuse new items; queued items stay in the inbox."""
+        self._closed = True
         tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
         for task in tasks:
             task.cancel()

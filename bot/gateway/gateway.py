@@ -5,11 +5,13 @@ Durability points (see docs/ARCHITECTURE.md):
   update to its platform only after it commits.
 - tx 2, the turn commit: new messages, pruned rows, session row, inbox row
   ``done`` and the ledger obligation ``pending`` in one SQLite transaction.
-- then the send, bracketed by ``mark_attempting`` / ``mark_delivered``.
-At start-up the ledger sweep resends what a dead process owed, and the inbox
-re-runs turns that never committed. With several processes on PostgreSQL
-(``instances`` given) that takeover also runs every few seconds, for the work
-of processes whose lease expired.
+  The obligation is written already claimed (``attempting``) by this process.
+- then the send, and ``mark_delivered`` / ``mark_failed``.
+At start-up, once the adapters and the HTTP server are up, the ledger sweep
+queues what a dead process owed and the inbox re-runs turns that never
+committed, in the background (``ready`` turns true when that is done). With
+several processes on PostgreSQL (``instances`` given) that takeover also runs
+every few seconds, for the work of processes whose lease expired.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from bot.config import Settings
@@ -30,7 +32,7 @@ from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
 from bot.gateway.events import MessageEvent
 from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
 from bot.gateway.instances import InstanceRegistry
-from bot.gateway.keys import build_session_key, session_id_for
+from bot.gateway.keys import build_session_key, log_ref, session_id_for
 from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
 from bot.metrics import Metrics
 from bot.platforms.base import PlatformAdapter
@@ -51,6 +53,11 @@ ADAPTER_WAIT_SECONDS = 60.0
 """Delay before a reply whose adapter is disconnected is tried again."""
 MAX_INBOUND_CHARS = 16_000
 """Longer inbound texts are refused with a short answer instead of reaching the model."""
+MAX_ACCEPT_FAILURES = 5
+"""Times one message may fail tx 1 while the database answers, before it is dropped
+as poison (logged) so the platform stops offering it and the chats behind it move."""
+ADAPTER_START_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+"""Seconds between tries to start an adapter whose platform was unreachable."""
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -155,20 +162,32 @@ class Gateway:
         owner = None if instances is None else instances.owner
         self.inbox = Inbox(store, owner=None if owner is None else owner.instance_id)
         self.ledger = DeliveryLedger(
-            store, owner=owner, liveness=None if instances is None else instances.is_alive
+            store,
+            owner=owner,
+            liveness=None if instances is None else instances.is_alive,
+            on_abandoned=lambda platform: self.metrics.abandoned.labels(platform).inc(),
         )
         self.aliases = ChatAliases(store)
         self._adapters = {a.name: a for a in adapters}
         self._secret = secret
         # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
         # tx 1, since a message once accepted must be queued whatever happens.
-        self._dispatcher: SessionDispatcher[InboxEntry] = SessionDispatcher(
-            self._process,
+        # Turns and owed replies share the per-session lanes: a reply owed from
+        # before a restart goes out before the next turn of its conversation.
+        self._dispatcher: SessionDispatcher[InboxEntry | Obligation] = SessionDispatcher(
+            self._work,
             max_concurrent=settings.max_concurrent_turns,
         )
+        self._queued_sends = 0
         self._admitting = 0
+        self._admitted = asyncio.Event()
+        self._admitted.set()
+        self._accept_failures: dict[str, int] = {}
         self._early: list[InboxEntry] = []
+        self._starters: list[asyncio.Task[None]] = []
+        self.metrics.queued.set_function(lambda: self._waiting_turns)
         self._ready = False
+        self._ready_event = asyncio.Event()
         self._accepting = False
         self._stopping = asyncio.Event()
         self._retry_task: asyncio.Task[None] | None = None
@@ -185,10 +204,21 @@ class Gateway:
         """True once recovery is done and new traffic is being processed."""
         return self._ready
 
+    async def wait_ready(self) -> None:
+        """Return once recovery is done and new messages are being processed."""
+        await self._ready_event.wait()
+
     # -- lifecycle ---------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the tables, start adapters, resend and re-run what a crash left, then serve."""
+        """Open the tables and start the adapters; recovery goes on in the background.
+
+        Returns as soon as the adapters run, so the HTTP server (webhooks,
+        ``/healthz``) can start at once; ``ready`` turns true once the replies a
+        crash left are queued and interrupted turns are re-run. An adapter whose
+        platform is unreachable is retried in the background while the others
+        serve; a wrong setting (a non-retryable error) stops start-up.
+        """
         await self.inbox.open()
         await self.ledger.open()
         await self.aliases.open()
@@ -196,18 +226,73 @@ class Gateway:
         for adapter in self._adapters.values():
             if hasattr(adapter, "on_status_failed") and adapter.on_status_failed is None:
                 adapter.on_status_failed = self._status_failed_handler(adapter.name)
-            try:
-                await adapter.start(self._on_event)
-            except ChatflowError:
+            if not await self._start_adapter(adapter, first=True):
+                self._starters.append(asyncio.create_task(self._keep_starting(adapter)))
+        self._recovery_task = asyncio.create_task(self._recover())
+
+    async def _start_adapter(self, adapter: PlatformAdapter, *, first: bool = False) -> bool:
+        try:
+            await adapter.start(self._on_event)
+        except PlatformError as exc:
+            if not exc.retryable:
                 raise
-            except Exception:
-                logger.exception("%s adapter failed to start; its replies wait", adapter.name)
+            logger.warning(
+                "%s adapter could not start (%s); retrying in the background", adapter.name, exc
+            )
+            return False
+        except ChatflowError:
+            raise
+        except Exception:
+            logger.exception("%s adapter failed to start; retrying in the background", adapter.name)
+            return False
+        if not first:
+            logger.info("%s adapter started", adapter.name)
+        return True
+
+    async def _keep_starting(self, adapter: PlatformAdapter) -> None:
+        for attempt in range(1_000_000):
+            delay = ADAPTER_START_BACKOFF[min(attempt, len(ADAPTER_START_BACKOFF) - 1)]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            if self._stopping.is_set():
+                return
+            try:
+                if await self._start_adapter(adapter):
+                    break
+            except ChatflowError as exc:
+                logger.error("%s adapter cannot start: %s", adapter.name, exc)
+                return
+        # Replies a dead process owed on this platform were left alone while it was down.
+        if self._ready:
+            self._queue_sends(
+                await self.ledger.sweep_recoverable(
+                    deliverable_platforms={adapter.name}, adopt_only=True
+                )
+            )
+
+    def _queue_sends(self, owed: list[Obligation]) -> None:
+        """Queue adopted rows in their conversations' lanes; each is claimed when its turn comes."""
+        for obligation in owed:
+            key = f"reply:{obligation.obligation_id}"
+            if self._dispatcher.submit(obligation.session_id, key, obligation):
+                self._queued_sends += 1
+
+    async def _recover(self) -> None:
+        """Queue what a crash left: owed replies first, then interrupted turns; then serve."""
+        try:
+            await self._queue_recovered()
+        except Exception:
+            # Serve anyway: what was not recovered stays in the tables for the next start.
+            logger.exception("recovery at start-up failed; serving new messages")
+            if not self._ready:
+                self._serve([])
+
+    async def _queue_recovered(self) -> None:
         connected = {name for name, a in self._adapters.items() if a.is_connected}
-        owed = await self.ledger.sweep_recoverable(deliverable_platforms=connected)
+        owed = await self.ledger.sweep_recoverable(deliverable_platforms=connected, adopt_only=True)
         if owed:
             logger.info("resending %d replies owed from before the restart", len(owed))
-        for obligation in owed:
-            await self._send(obligation, claimed=True)
+        self._queue_sends(owed)
         left = await self.inbox.recover(
             self.settings.auto_continue_freshness_seconds, live_owners=await self._live_owners()
         )
@@ -223,7 +308,7 @@ class Gateway:
         suspects = [e for e in recovered if not e.gave_up]
         rest = [e for e in recovered if e.gave_up]
         if suspects:
-            self._recovery_task = asyncio.create_task(self._isolate_then_serve(suspects, rest))
+            await self._isolate_then_serve(suspects, rest)
         else:
             self._serve(rest)
 
@@ -249,6 +334,7 @@ class Gateway:
                 self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
         self._early.clear()
         self._ready = True
+        self._ready_event.set()
         self._dispatcher.resume()
         self._retry_task = asyncio.create_task(self._retry_loop())
         if self.instances is not None:
@@ -262,10 +348,19 @@ class Gateway:
         # Refuse new events first (platforms keep them), but keep adapters connected
         # until the turns in flight have sent their replies.
         self._accepting = False
-        if self._recovery_task is not None and not self._recovery_task.done():
-            self._recovery_task.cancel()
-            await asyncio.gather(self._recovery_task, return_exceptions=True)
         wait = self.settings.shutdown_grace_seconds if grace is None else grace
+        if self._recovery_task is not None:
+            # Let recovery queue what it found (and what arrived meanwhile), so it is
+            # drained below; past the grace it is cancelled and the next start resumes.
+            await asyncio.wait({self._recovery_task}, timeout=wait)
+        for task in (self._recovery_task, *self._starters):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        # An event past the _accepting check is finishing tx 1: let it reach the
+        # queue, so it is drained with the rest (or left to recovery), never run later.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._admitted.wait(), wait)
         if not await self._dispatcher.drain(wait):
             logger.warning(
                 "%d turns still running after %.0f s; they will be re-run at the next start",
@@ -274,12 +369,20 @@ class Gateway:
             )
         await self._dispatcher.cancel()
         for adapter in self._adapters.values():
-            with contextlib.suppress(Exception):
+            try:
                 await adapter.stop()
+            except Exception as exc:
+                logger.warning("%s adapter did not stop cleanly: %r", adapter.name, exc)
         for loop_task in (self._retry_task, self._takeover_task):
             if loop_task is not None:
                 loop_task.cancel()
                 await asyncio.gather(loop_task, return_exceptions=True)
+        if await self.ledger.record_unrecorded():
+            logger.warning(
+                "%d send outcome(s) could not be recorded; those replies are resent with "
+                "the marker at the next start",
+                self.ledger.unrecorded,
+            )
 
     # -- inbound -----------------------------------------------------------
 
@@ -287,12 +390,19 @@ class Gateway:
         s = self.settings
         if not s.allowed_users and not s.allowed_chats:
             return True
-        return event.source.sender_id in s.allowed_users or event.source.chat_id in s.allowed_chats
+        return event.source.sender_id in s.allowed_users or self._chat_listed(
+            event, s.allowed_chats
+        )
 
     def _addressed(self, event: MessageEvent) -> bool:
         if event.source.chat_type == "dm":
             return True
-        return event.addressed or event.source.chat_id in self.settings.group_answer_all_chats
+        return event.addressed or self._chat_listed(event, self.settings.group_answer_all_chats)
+
+    def _chat_listed(self, event: MessageEvent, chats: Collection[str]) -> bool:
+        """Whether the chat is in ``chats`` by its id or by the id it had before a migration."""
+        chat_id = event.source.chat_id
+        return chat_id in chats or self.aliases.resolve(event.platform, chat_id) in chats
 
     def session_key_for(self, event: MessageEvent) -> str:
         """The logical session key of an event (hashed ids, aliases applied)."""
@@ -327,37 +437,87 @@ class Gateway:
             raise DispatcherBusyError("too many messages waiting", retry_after=5.0)
         session_key = self.session_key_for(event)
         session_id = session_id_for(session_key)
-        # Hold a place in the queue while tx 1 runs: other events are admitted
-        # meanwhile, and a message once accepted must never find the queue full.
+        # Hold a place in the queue from tx 1 until the entry is queued: other events
+        # are admitted meanwhile, a message once accepted must never find the queue
+        # full, and stop() waits for it.
         self._admitting += 1
+        self._admitted.clear()
+        try:
+            if not await self._accept(event, session_key, session_id):
+                return False
+            entry = InboxEntry(
+                event=event,
+                session_key=session_key,
+                session_id=session_id,
+                received_at=event.timestamp,
+                attempts=0,
+            )
+            if self._ready:
+                self._dispatcher.submit(session_id, event.message_id, entry)
+            else:
+                self._early.append(entry)
+        finally:
+            self._admitting -= 1
+            if self._admitting == 0:
+                self._admitted.set()
+        return True
+
+    async def _accept(self, event: MessageEvent, session_key: str, session_id: str) -> bool:
+        """tx 1; False for a duplicate, or for a message that keeps failing it (poison)."""
+        platform = event.platform
         try:
             accepted = await self.inbox.accept(
                 event, session_key=session_key, session_id=session_id
             )
-        finally:
-            self._admitting -= 1
+        except Exception as exc:
+            if not await self._is_poison(event.message_id):
+                raise
+            self.metrics.ignored.labels(platform).inc()
+            logger.error(
+                "%s message %s failed to be accepted %d times while the database works; "
+                "dropped so the messages behind it can be answered (%s)",
+                platform,
+                log_ref(event.message_id),
+                MAX_ACCEPT_FAILURES,
+                type(exc).__name__,
+            )
+            return False
+        self._accept_failures.pop(event.message_id, None)
         if not accepted:
             self.metrics.dedup_hits.labels(platform).inc()
             logger.info("duplicate %s message dropped (session %s)", platform, session_id)
             return False
         self.metrics.messages_in.labels(platform).inc()
-        entry = InboxEntry(
-            event=event,
-            session_key=session_key,
-            session_id=session_id,
-            received_at=event.timestamp,
-            attempts=0,
-        )
-        if self._ready:
-            self._dispatcher.submit(session_id, event.message_id, entry)
-        else:
-            self._early.append(entry)
-        self.metrics.queued.set(self._dispatcher.queued)
         return True
+
+    async def _is_poison(self, message_id: str) -> bool:
+        """Count a failed tx 1; True once it failed ``MAX_ACCEPT_FAILURES`` times and the
+        database itself answers (so the message, not an outage, is the cause)."""
+        failures = self._accept_failures.get(message_id, 0) + 1
+        if len(self._accept_failures) > 10_000:  # bounded: a burst of distinct failures
+            self._accept_failures.clear()
+        self._accept_failures[message_id] = failures
+        if failures < MAX_ACCEPT_FAILURES or not await self.database_answers():
+            return False
+        del self._accept_failures[message_id]
+        return True
+
+    async def database_answers(self) -> bool:
+        """Whether the store answers a read (no write lock taken)."""
+        try:
+            await self.store.ping()
+        except (ChatflowError, OSError):
+            return False
+        return True
+
+    @property
+    def _waiting_turns(self) -> int:
+        """Accepted messages waiting for a worker (owed replies queued are not counted)."""
+        return self._dispatcher.queued - self._queued_sends + len(self._early)
 
     def _has_room(self) -> bool:
         """Whether one more message may be accepted under ``MAX_QUEUED_MESSAGES``."""
-        waiting = self._dispatcher.queued + len(self._early) + self._admitting
+        waiting = self._waiting_turns + self._admitting
         return waiting < self.settings.max_queued_messages
 
     def _status_failed_handler(self, platform: str) -> Callable[[str, str], Awaitable[None]]:
@@ -368,6 +528,15 @@ class Gateway:
         return handler
 
     # -- one turn ----------------------------------------------------------
+
+    async def _work(self, item: InboxEntry | Obligation) -> None:
+        if isinstance(item, Obligation):
+            self._queued_sends -= 1
+            claimed = await self.ledger.claim(item)
+            if claimed is not None:
+                await self._send(claimed)
+        else:
+            await self._process(item)
 
     async def _process(self, entry: InboxEntry, *, alone: bool = False) -> None:
         event = entry.event
@@ -406,7 +575,9 @@ class Gateway:
             content = result.content
             if adapter is not None:
                 content = adapter.format_reply(content, result.agent)
-            obligation.append(await self._record(tx, entry, content))
+            recorded = await self._record(tx, entry, content)
+            if recorded is not None:
+                obligation.append(recorded)
             await self.inbox.mark_done_in(tx, event.message_id)
 
         metadata = {
@@ -435,10 +606,10 @@ class Gateway:
         finally:
             typing.cancel()
             await asyncio.gather(typing, return_exceptions=True)
-            self.metrics.model_latency.observe(asyncio.get_running_loop().time() - started)
+            self.metrics.turn_duration.observe(asyncio.get_running_loop().time() - started)
         self.metrics.turns.labels("ok").inc()
         for item in obligation:
-            await self._send(item, claimed=False)
+            await self._send(item)
 
     async def _answer_without_turn(
         self, entry: InboxEntry, text: str, *, error: str | None = None
@@ -458,9 +629,15 @@ class Gateway:
             # The inbox row stays 'received': the next start-up answers it.
             logger.exception("could not record an answer for session %s", entry.session_id)
             return
-        await self._send(obligation, claimed=False)
+        if obligation is not None:
+            await self._send(obligation)
 
-    async def _record(self, tx: Transaction, entry: InboxEntry, content: str) -> Obligation:
+    async def _record(self, tx: Transaction, entry: InboxEntry, content: str) -> Obligation | None:
+        """Record the reply owed, claimed by this process (sent right after the commit).
+
+        ``None`` when the ledger already holds this very reply: its own row is
+        delivered or on its way, so it is not sent again from here.
+        """
         event = entry.event
         obligation = Obligation.owed(
             obligation_id=compute_obligation_id(entry.session_key, event.message_id, content),
@@ -473,8 +650,9 @@ class Gateway:
             content=content,
             message_ref=event.message_id,
         )
-        await self.ledger.record_in(tx, obligation)
-        return obligation
+        if not await self.ledger.record_in(tx, obligation, claimed=True):
+            return None
+        return replace(obligation, state="attempting", attempts=1)
 
     async def _keep_typing(self, event: MessageEvent) -> None:
         adapter = self._adapters.get(event.platform)
@@ -487,8 +665,8 @@ class Gateway:
 
     # -- outbound ----------------------------------------------------------
 
-    async def _send(self, obligation: Obligation, *, claimed: bool) -> None:
-        """Send one owed reply; ``claimed`` means the ledger already moved it to attempting."""
+    async def _send(self, obligation: Obligation) -> None:
+        """Send one owed reply the ledger holds as ``attempting`` for this process."""
         adapter = self._adapters.get(obligation.platform)
         if adapter is None or not adapter.is_connected:
             logger.warning(
@@ -496,17 +674,14 @@ class Gateway:
                 obligation.platform,
                 obligation.obligation_id,
             )
-            if claimed:
-                # Give the attempt back and look again later (or at the next start).
-                await self.ledger.mark_failed(
-                    obligation.obligation_id,
-                    "adapter not connected",
-                    retryable=True,
-                    retry_after=ADAPTER_WAIT_SECONDS,
-                )
+            # Give the attempt back and look again later (or at the next start).
+            await self.ledger.mark_failed(
+                obligation.obligation_id,
+                "adapter not connected",
+                retryable=True,
+                retry_after=ADAPTER_WAIT_SECONDS,
+            )
             return
-        if not claimed and not await self.ledger.mark_attempting(obligation.obligation_id):
-            return  # already delivered, abandoned, or being sent by someone else
         if obligation.needs_marker:
             self.metrics.resends.labels(obligation.platform).inc()
         try:
@@ -532,8 +707,6 @@ class Gateway:
                 retry_after=exc.retry_after,
                 ambiguous=exc.ambiguous,
             )
-            if not exc.retryable:
-                self.metrics.abandoned.labels(obligation.platform).inc()
             return
         except Exception as exc:
             # An adapter bug: we cannot tell whether the message left, so resend with the marker.
@@ -553,7 +726,7 @@ class Gateway:
             connected = {n for n, a in self._adapters.items() if a.is_connected}
             owed += await self.ledger.sweep_recoverable(deliverable_platforms=connected)
         for obligation in owed:
-            await self._send(obligation, claimed=True)
+            await self._send(obligation)
         return len(owed)
 
     async def _retry_loop(self) -> None:
@@ -566,6 +739,7 @@ class Gateway:
             if self._stopping.is_set():
                 return
             try:
+                await self.ledger.record_unrecorded()
                 sweep = loop.time() >= next_sweep
                 if sweep:
                     next_sweep = loop.time() + SWEEP_INTERVAL_SECONDS
@@ -592,7 +766,7 @@ class Gateway:
         connected = {n for n, a in self._adapters.items() if a.is_connected}
         owed = await self.ledger.sweep_recoverable(deliverable_platforms=connected)
         for obligation in owed:
-            await self._send(obligation, claimed=True)
+            await self._send(obligation)
         live = await self._live_owners()
         recovered = await self.inbox.recover(
             self.settings.auto_continue_freshness_seconds,

@@ -33,7 +33,7 @@ from bot.core.memory import BaseSessionStore, Transaction
 from bot.errors import StorageError
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.instances import Owner
-from bot.gateway.keys import hash_id
+from bot.gateway.keys import log_ref
 from bot.gateway.schema import ensure_schema
 
 __all__ = [
@@ -360,8 +360,9 @@ class Inbox:
                 expired,
                 freshness_seconds,
             )
-        if entries:
-            logger.info("re-running %d message(s) whose turn never committed", len(entries))
+        # No INFO line here: the caller knows which of these arrived while recovery
+        # ran (not left by a crash) and logs the real count.
+        logger.debug("%d message(s) whose turn never committed", len(entries))
         return entries
 
     async def _give_up(self, tx: Transaction, message_id: str, reason: str, now: float) -> None:
@@ -407,4 +408,4 @@ class Inbox:
 
 def _ref(message_id: str) -> str:
     """A log-safe reference to a message id (ids can embed chat ids or phone numbers)."""
-    return f"msg_{hash_id(message_id)}"
+    return log_ref(message_id)

@@ -35,9 +35,9 @@ import hashlib
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
@@ -315,8 +315,15 @@ class DeliveryLedger:
         clock: Callable[[], datetime] | None = None,
         owner: Owner | None = None,
         liveness: OwnerLiveness | None = None,
+        on_abandoned: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_abandoned(platform)`` is called for every row this ledger abandons."""
         self._store = store
+        self._on_abandoned = on_abandoned
+        # Outcomes of sends that a storage failure kept out of the ledger, retried
+        # by ``record_unrecorded``; the rows stay 'attempting' meanwhile, so a
+        # crash before they land resends with the marker.
+        self._unrecorded: dict[str, Callable[[], Awaitable[bool]]] = {}
         self._clock = clock or store.now
         self._owner = owner or Owner.current()
         self._opened = False
@@ -407,18 +414,29 @@ class DeliveryLedger:
             ),
         )
 
-    async def record_in(self, tx: Transaction, obligation: Obligation) -> bool:
-        """``record_obligation_in`` for an ``Obligation`` built with ``Obligation.owed``."""
+    async def record_in(
+        self, tx: Transaction, obligation: Obligation, *, claimed: bool = False
+    ) -> bool:
+        """``record_obligation_in`` for an ``Obligation`` built with ``Obligation.owed``.
+
+        ``claimed``: recorded already ``attempting`` (one attempt counted) by this
+        process, for a caller that sends right after the commit without
+        ``mark_attempting``. Until the send's outcome is recorded the row then
+        says "may have been sent", so a crash at any point after the commit
+        resends with the marker, and a failed outcome write cannot leave a sent
+        reply looking unsent.
+        """
         await self._ensure_open_in(tx)
         now = self._now()
         me = self._owner
         o = obligation
+        state, attempts = ("attempting", 1) if claimed else ("pending", 0)
         inserted = await tx.execute(
             f"INSERT INTO {_TABLE} (obligation_id, session_key, session_id, platform, chat_id, "
             "thread_id, reply_to, message_ref, content, state, attempts, maybe_delivered, "
             "last_error, owner_pid, owner_instance, owner_started, next_attempt_at, sent_ids, "
             "created_at, fresh_since, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, 0, NULL, ?, ?, ?, NULL, NULL, "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, NULL, NULL, "
             "?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
             (
                 o.obligation_id,
@@ -430,6 +448,8 @@ class DeliveryLedger:
                 o.reply_to,
                 o.message_ref,
                 o.content,
+                state,
+                attempts,
                 me.pid,
                 me.instance_id,
                 me.started,
@@ -558,7 +578,9 @@ class DeliveryLedger:
                     )
         except _STORAGE_ERRORS as exc:
             self._log_storage_failure("mark delivered", obligation_id, exc)
+            self._unrecorded[obligation_id] = lambda: self.mark_delivered(obligation_id, ids)
             return False
+        self._unrecorded.pop(obligation_id, None)
         return True
 
     async def mark_failed(
@@ -587,13 +609,13 @@ class DeliveryLedger:
         try:
             async with self._tx() as tx:
                 rows = await tx.fetchall(
-                    f"SELECT state, attempts FROM {_TABLE} WHERE obligation_id = ?",
+                    f"SELECT state, attempts, platform FROM {_TABLE} WHERE obligation_id = ?",
                     (obligation_id,),
                 )
                 if not rows:
                     logger.warning("failed obligation %s is not in the ledger", obligation_id)
                     return False
-                state, attempts = str(rows[0][0]), int(rows[0][1])
+                state, attempts, platform = str(rows[0][0]), int(rows[0][1]), str(rows[0][2])
                 if state in ("delivered", "abandoned"):
                     return False
                 maybe = 1 if ambiguous else None
@@ -633,10 +655,36 @@ class DeliveryLedger:
                     return False
         except _STORAGE_ERRORS as exc:
             self._log_storage_failure("mark failed", obligation_id, exc)
+            self._unrecorded[obligation_id] = lambda: self.mark_failed(
+                obligation_id,
+                error,
+                retryable=retryable,
+                retry_after=retry_after,
+                ambiguous=ambiguous,
+            )
             return False
+        self._unrecorded.pop(obligation_id, None)
         if new_state == "abandoned":
             logger.warning("obligation %s abandoned: %s", obligation_id, error)
+            self._abandoned(platform)
         return True
+
+    @property
+    def unrecorded(self) -> int:
+        """Send outcomes waiting to be written (a storage failure kept them out)."""
+        return len(self._unrecorded)
+
+    async def record_unrecorded(self) -> int:
+        """Write the send outcomes a storage failure kept out; returns how many still wait."""
+        for obligation_id, write in list(self._unrecorded.items()):
+            if self._unrecorded.get(obligation_id) is write:
+                del self._unrecorded[obligation_id]
+                await write()  # on failure it puts itself back
+        return len(self._unrecorded)
+
+    def _abandoned(self, platform: str) -> None:
+        if self._on_abandoned is not None:
+            self._on_abandoned(platform)
 
     # -- retries and recovery ---------------------------------------------------
 
@@ -685,8 +733,14 @@ class DeliveryLedger:
         now: datetime | None = None,
         *,
         deliverable_platforms: Collection[str] | None = None,
+        adopt_only: bool = False,
     ) -> builtins.list[Obligation]:
         """Claim the rows a dead process owed and return them for a resend.
+
+        With ``adopt_only`` the rows are only made ours (owner changed, state and
+        attempts as they were) and returned with ``needs_marker`` decided; the
+        caller ``claim``s each right before sending it, so rows that wait in a
+        queue spend no attempt if this process dies before their turn comes.
 
         Looks at ``pending``/``attempting``/``failed`` rows whose owner is dead
         (``is_owner_alive`` on SQLite, an expired lease on PostgreSQL, or the
@@ -729,6 +783,7 @@ class DeliveryLedger:
                     moment,
                     needs_marker_for=_not_pending,
                     deliverable_platforms=deliverable_platforms,
+                    adopt_only=adopt_only,
                 )
                 claimed.extend(batch)
         except _STORAGE_ERRORS as exc:
@@ -744,6 +799,7 @@ class DeliveryLedger:
         *,
         needs_marker_for: Callable[[Obligation], bool],
         deliverable_platforms: Collection[str] | None = None,
+        adopt_only: bool = False,
     ) -> builtins.list[Obligation]:
         """Abandon, adopt or claim ``rows`` in one transaction, each by a guarded UPDATE.
 
@@ -752,7 +808,7 @@ class DeliveryLedger:
         me = self._owner
         stale_before = moment - STALE_AFTER.total_seconds()
         claimed: builtins.list[Obligation] = []
-        abandoned: builtins.list[tuple[str, str]] = []
+        abandoned: builtins.list[tuple[str, str, str]] = []
         guard = (
             "WHERE obligation_id = ? AND owner_pid = ? AND owner_instance = ? "
             "AND state = ? AND attempts = ?"
@@ -781,17 +837,19 @@ class DeliveryLedger:
                         (_clip(reason), moment, *stamp),
                     )
                     if changed == 1:
-                        abandoned.append((ob.obligation_id, reason))
+                        abandoned.append((ob.obligation_id, reason, ob.platform))
                     continue
                 if deliverable_platforms is not None and ob.platform not in deliverable_platforms:
                     continue
                 due = ob.next_attempt_at is None or _epoch(ob.next_attempt_at) <= moment
-                if ob.state == "failed" and not due:
-                    await tx.execute(
+                if (ob.state == "failed" and not due) or adopt_only:
+                    adopted = await tx.execute(
                         f"UPDATE {_TABLE} SET owner_pid = ?, owner_instance = ?, "
                         f"owner_started = ?, updated_at = ? {guard}",
                         (me.pid, me.instance_id, me.started, moment, *stamp),
                     )
+                    if adopted == 1 and adopt_only and (due or ob.state != "failed"):
+                        claimed.append(replace(ob, needs_marker=needs_marker_for(ob)))
                     continue
                 changed = await tx.execute(
                     f"UPDATE {_TABLE} SET owner_pid = ?, owner_instance = ?, owner_started = ?, "
@@ -821,9 +879,40 @@ class DeliveryLedger:
                             sent_ids=ob.sent_ids,
                         )
                     )
-        for obligation_id, reason in abandoned:
+        for obligation_id, reason, platform in abandoned:
             logger.warning("obligation %s abandoned: %s", obligation_id, reason)
+            self._abandoned(platform)
         return claimed
+
+    async def claim(self, obligation: Obligation) -> Obligation | None:
+        """Claim a row adopted by ``sweep_recoverable(adopt_only=True)`` to send it now.
+
+        Moves it to ``attempting`` (attempts + 1) if it is still ours and as it
+        was read; ``None`` when it changed meanwhile (another path took it) or
+        the database failed (logged; the row stays for the next sweep).
+        """
+        me = self._owner
+        try:
+            async with self._tx() as tx:
+                changed = await tx.execute(
+                    f"UPDATE {_TABLE} SET state = 'attempting', attempts = attempts + 1, "
+                    "next_attempt_at = NULL, updated_at = ? WHERE obligation_id = ? "
+                    "AND owner_pid = ? AND owner_instance = ? AND state = ? AND attempts = ?",
+                    (
+                        self._now(),
+                        obligation.obligation_id,
+                        me.pid,
+                        me.instance_id,
+                        obligation.state,
+                        obligation.attempts,
+                    ),
+                )
+        except _STORAGE_ERRORS as exc:
+            self._log_storage_failure("claim", obligation.obligation_id, exc)
+            return None
+        if changed != 1:
+            return None
+        return replace(obligation, state="attempting", attempts=obligation.attempts + 1)
 
     # -- housekeeping --------------------------------------------------------------
 

@@ -26,7 +26,9 @@ Errors become ``PlatformError``:
 Logging: the token is never logged here (PTB's ``InvalidToken`` message
 contains it, so messages are redacted). httpx logs request URLs, which contain
 the token, at INFO: the process's logging setup must keep the ``httpx`` logger
-at WARNING or above.
+at WARNING or above. Nor do ids or texts reach INFO and above: an update is named
+by ``log_ref`` of its event id, and exception messages, which can quote them, go
+to DEBUG.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -46,17 +48,6 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
-
-from bot.errors import ChatflowError, ConfigurationError, PlatformError
-from bot.gateway.events import ChatType, MessageEvent, SessionSource
-from bot.platforms.base import EventHandler, SendResult
-from bot.platforms.text import split_text, utf16_len
-
-# PTB 22 warns (PTBDeprecationWarning) whenever RetryAfter.retry_after is read,
-# even inside its own constructor, unless this opt-in is set; with it the value
-# is a timedelta. Set before any PTB object is created; an explicit setting wins.
-os.environ.setdefault("PTB_TIMEDELTA", "true")
-
 from telegram import Message, MessageEntity, ReplyParameters, Update
 from telegram.constants import ChatAction
 from telegram.error import (
@@ -72,6 +63,12 @@ from telegram.error import (
 )
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ExtBot
 from telegram.request import BaseRequest, HTTPXRequest, RequestData
+
+from bot.errors import ChatflowError, ConfigurationError, PlatformError
+from bot.gateway.events import ChatType, MessageEvent, SessionSource
+from bot.gateway.keys import log_ref
+from bot.platforms.base import EventHandler, SendResult
+from bot.platforms.text import split_text, utf16_len
 
 __all__ = [
     "GENERAL_TOPIC_ID",
@@ -114,6 +111,8 @@ _MEDIA_KINDS = (
     "game",
     "invoice",
 )
+# PTB raises TimedOut for pool and connect timeouts (never sent) and read and write
+# timeouts (may have arrived) alike; the chained httpx exception tells them apart.
 _NOT_SENT_CAUSES = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 AppType = Application[Any, Any, Any, Any, Any, Any]
@@ -365,13 +364,11 @@ def translate_error(exc: TelegramError, *, token: str = "") -> PlatformError:
         return PlatformError(f"Telegram bad request: {message}", platform=PLATFORM, code=400)
     if isinstance(exc, NetworkError):  # TimedOut included
         cause = _transport_cause(exc)
-        if cause is None and isinstance(exc, TimedOut):
-            not_sent = "Pool timeout" in str(exc)
-            ambiguous = not not_sent
-        elif cause is None:
-            ambiguous = False  # Telegram answered with an error status (5xx)
-        else:
+        if cause is not None:
             ambiguous = not isinstance(cause, _NOT_SENT_CAUSES)
+        else:
+            # No transport cause: an error status (5xx), or a timeout that may have been sent.
+            ambiguous = isinstance(exc, TimedOut)
         return PlatformError(
             f"Telegram network error ({name}): {message}",
             platform=PLATFORM,
@@ -382,6 +379,15 @@ def translate_error(exc: TelegramError, *, token: str = "") -> PlatformError:
     if isinstance(exc, Conflict):
         return PlatformError(f"Telegram conflict: {message}", platform=PLATFORM, code=409)
     return PlatformError(f"Telegram error ({name}): {message}", platform=PLATFORM)
+
+
+@contextlib.contextmanager
+def _telegram_errors(token: str) -> Iterator[None]:
+    """Raise any PTB error from the block as its ``PlatformError`` (``translate_error``)."""
+    try:
+        yield
+    except TelegramError as exc:
+        raise translate_error(exc, token=token) from exc
 
 
 def _redact(text: str, token: str) -> str:
@@ -416,6 +422,27 @@ class _TypingExemptRateLimiter(AIORateLimiter):
         )
 
 
+_REFUSED = "Telegram update %s (%s) not accepted by the gateway (%s); Telegram offers it again"
+
+
+def _log_failure(exc: BaseException, msg: str, *args: object, level: int = logging.ERROR) -> None:
+    """Log ``msg % (*args, type of exc)``; the exception (it can quote texts, ids) at DEBUG."""
+    refused = isinstance(exc, ChatflowError)  # the gateway is busy or its storage failed
+    logger.log(logging.WARNING if refused else level, msg, *args, type(exc).__name__)
+    logger.debug("Telegram failure detail", exc_info=exc)
+
+
+def _read_update(item: Any) -> Update | None:
+    """``item`` as an ``Update``, or None (one WARNING line) if PTB cannot read it."""
+    try:
+        return Update.de_json(item, None)
+    except Exception as exc:
+        update_id = item.get("update_id") if isinstance(item, dict) else None
+        ref = update_id if isinstance(update_id, int) else "?"
+        _log_failure(exc, "Telegram update %s unreadable (%s); skipped", ref, level=logging.WARNING)
+        return None
+
+
 def _readable_updates(payload: bytes) -> bytes:
     """A getUpdates answer with every update PTB cannot read cut down to its ``update_id``."""
     try:
@@ -427,12 +454,9 @@ def _readable_updates(payload: bytes) -> bytes:
     readable: list[Any] = []
     changed = False
     for item in body["result"]:
-        try:
-            Update.de_json(item, None)
-        except Exception:
+        if _read_update(item) is None:
             changed = True
             update_id = item.get("update_id") if isinstance(item, dict) else None
-            logger.warning("Telegram update %s could not be read; skipped", update_id)
             if isinstance(update_id, int) and not isinstance(update_id, bool):
                 readable.append({"update_id": update_id})
             continue
@@ -543,6 +567,7 @@ class TelegramAdapter:
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
         start_attempts: int = 3,
+        stop_timeout: float = 30.0,
     ) -> None:
         if not token or not token.strip():
             raise ConfigurationError("TELEGRAM_BOT_TOKEN is empty", setting="TELEGRAM_BOT_TOKEN")
@@ -561,6 +586,13 @@ class TelegramAdapter:
             raise ValueError("poll_timeout must not be negative")
         if start_attempts < 1:
             raise ValueError("start_attempts must be at least 1")
+        if stop_timeout < 0:
+            raise ValueError("stop_timeout must not be negative")
+        # PTB 22.8 has no per-bot switch, and its RetryAfter constructor reads retry_after:
+        # without the opt-in every 429 warns, and under -W error raises the warning in
+        # place of the RetryAfter. Set here, not at import, so importing changes nothing;
+        # an explicit setting wins (_retry_after_seconds reads either type).
+        os.environ.setdefault("PTB_TIMEDELTA", "true")
         self._token = token.strip()
         self._base_url = base_url or DEFAULT_BASE_URL
         self._webhook_url = webhook_url or None
@@ -572,6 +604,7 @@ class TelegramAdapter:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._start_attempts = start_attempts
+        self._stop_timeout = stop_timeout
 
         self._app: AppType | None = None
         self._on_event: EventHandler | None = None
@@ -601,11 +634,6 @@ class TelegramAdapter:
     def bot_username(self) -> str | None:
         """The bot's username without ``@``, known after ``start``."""
         return self._bot_username
-
-    @property
-    def webhook_mode(self) -> bool:
-        """True when updates arrive by webhook instead of long polling."""
-        return self._webhook_url is not None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -650,20 +678,18 @@ class TelegramAdapter:
                 bot_user = app.bot.bot
                 self._bot_id = bot_user.id
                 self._bot_username = bot_user.username or ""
-                await app.start()
-                self._on_event = on_event
-                if self._webhook_url is not None:
-                    await app.bot.set_webhook(
-                        self._webhook_url,
-                        secret_token=self._webhook_secret,
-                        allowed_updates=self._allowed_updates(),
-                    )
-                else:
-                    # Keep pending updates: they were never confirmed, so they are owed.
-                    await app.bot.delete_webhook(drop_pending_updates=False)
-            except TelegramError as exc:
-                await self._shutdown_app(app)
-                raise translate_error(exc, token=self._token) from exc
+                with _telegram_errors(self._token):
+                    await app.start()
+                    self._on_event = on_event
+                    if self._webhook_url is not None:
+                        await app.bot.set_webhook(
+                            self._webhook_url,
+                            secret_token=self._webhook_secret,
+                            allowed_updates=self._allowed_updates(),
+                        )
+                    else:
+                        # Keep pending updates: they were never confirmed, so they are owed.
+                        await app.bot.delete_webhook(drop_pending_updates=False)
             except BaseException:
                 await self._shutdown_app(app)
                 raise
@@ -685,24 +711,21 @@ class TelegramAdapter:
         backoff = _Backoff(self._backoff_initial, self._backoff_max)
         for attempt in range(1, self._start_attempts + 1):
             try:
-                await app.initialize()
+                with _telegram_errors(self._token):
+                    await app.initialize()
                 return
-            except InvalidToken as exc:
-                logger.error("TELEGRAM_BOT_TOKEN was rejected by Telegram; check the setting")
-                raise ConfigurationError(
-                    "TELEGRAM_BOT_TOKEN was rejected by Telegram", setting="TELEGRAM_BOT_TOKEN"
-                ) from exc
-            except (NetworkError, RetryAfter) as exc:
-                if isinstance(exc, BadRequest) or attempt == self._start_attempts:
+            except PlatformError as exc:
+                if exc.code == 401:
+                    logger.error("TELEGRAM_BOT_TOKEN was rejected by Telegram; check the setting")
+                    raise ConfigurationError(
+                        "TELEGRAM_BOT_TOKEN was rejected by Telegram", setting="TELEGRAM_BOT_TOKEN"
+                    ) from exc
+                if not exc.retryable or attempt == self._start_attempts:
                     raise
-                delay = (
-                    _retry_after_seconds(exc.retry_after)
-                    if isinstance(exc, RetryAfter)
-                    else backoff.next()
-                )
+                delay = exc.retry_after if exc.retry_after is not None else backoff.next()
                 logger.warning(
                     "Telegram getMe failed (%s), attempt %d of %d; retrying in %.1fs",
-                    type(exc).__name__,
+                    exc.code,
                     attempt,
                     self._start_attempts,
                     delay,
@@ -729,7 +752,7 @@ class TelegramAdapter:
                 try:
                     # The loop exits at its next check; an on_event in flight
                     # finishes first so its acceptance is not torn.
-                    await asyncio.wait_for(asyncio.shield(task), timeout=30)
+                    await asyncio.wait_for(asyncio.shield(task), timeout=self._stop_timeout)
                 except TimeoutError:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -758,11 +781,12 @@ class TelegramAdapter:
         if self._offset is None or self._offset == self._confirmed_offset:
             return
         try:
-            await bot.get_updates(offset=self._offset, limit=1, timeout=0)
+            with _telegram_errors(self._token):
+                await bot.get_updates(offset=self._offset, limit=1, timeout=0)
             self._confirmed_offset = self._offset
-        except TelegramError as exc:
+        except PlatformError as exc:
             # Harmless: the updates come again after a restart and are deduplicated.
-            logger.debug("Telegram offset confirmation failed: %s", type(exc).__name__)
+            logger.debug("Telegram offset confirmation failed: %s", exc.code)
 
     # ------------------------------------------------------------------ polling
 
@@ -800,37 +824,26 @@ class TelegramAdapter:
         backoff = _Backoff(self._backoff_initial, self._backoff_max)
         while not self._stopping.is_set():
             try:
-                updates = await self._fetch(bot)
-            except InvalidToken:
-                logger.error(
-                    "TELEGRAM_BOT_TOKEN was rejected by Telegram; polling stopped (fix the setting)"
-                )
-                self._connected = False
-                return
-            except RetryAfter as exc:
-                delay = _retry_after_seconds(exc.retry_after)
-                logger.warning("Telegram getUpdates flood control; waiting %.1fs", delay)
-                if await self._wait_stop(delay):
+                with _telegram_errors(self._token):
+                    updates = await self._fetch(bot)
+            except PlatformError as exc:
+                if exc.code == 401:
+                    logger.error("TELEGRAM_BOT_TOKEN was rejected by Telegram; polling stopped")
+                    self._connected = False
                     return
-                continue
-            except Conflict:
-                delay = backoff.next()
-                logger.warning(
-                    "Telegram getUpdates conflict: another poller or a webhook uses this token;"
-                    " retrying in %.1fs",
-                    delay,
-                )
-                if await self._wait_stop(delay):
-                    return
-                continue
-            except TelegramError as exc:
-                delay = backoff.next()
-                logger.warning(
-                    "Telegram getUpdates failed (%s: %s); retrying in %.1fs",
-                    type(exc).__name__,
-                    _redact(str(exc), self._token),
-                    delay,
-                )
+                if exc.retry_after is not None:
+                    delay = exc.retry_after
+                    logger.warning("Telegram getUpdates flood control; waiting %.1fs", delay)
+                elif exc.code == 409:
+                    delay = backoff.next()
+                    logger.warning(
+                        "Telegram getUpdates conflict: another poller or a webhook uses this"
+                        " token; retrying in %.1fs",
+                        delay,
+                    )
+                else:
+                    delay = backoff.next()
+                    logger.warning("Telegram getUpdates failed (%s); retrying in %.1fs", exc, delay)
                 if await self._wait_stop(delay):
                     return
                 continue
@@ -867,20 +880,9 @@ class TelegramAdapter:
                     return 0.0
                 try:
                     await handler(event)
-                except ChatflowError as exc:
-                    logger.warning(
-                        "Telegram update %s not accepted by the gateway (%s: %s); will refetch",
-                        update.update_id,
-                        type(exc).__name__,
-                        exc,
-                    )
-                    return exc.retry_after or 0.0
-                except Exception:
-                    logger.exception(
-                        "Telegram update %s not accepted by the gateway; will refetch",
-                        update.update_id,
-                    )
-                    return 0.0
+                except Exception as exc:
+                    _log_failure(exc, _REFUSED, update.update_id, log_ref(event.message_id))
+                    return (exc.retry_after or 0.0) if isinstance(exc, ChatflowError) else 0.0
             self._offset = update.update_id + 1
         return None
 
@@ -894,10 +896,10 @@ class TelegramAdapter:
                 bot_username=self._bot_username,
                 allow_channels=self._allow_channels,
             )
-        except Exception:
+        except Exception as exc:
             # A payload we cannot read will not improve on redelivery: skip it.
             update_id = update.update_id if isinstance(update, Update) else update.get("update_id")
-            logger.exception("Telegram update %s could not be mapped; skipped", update_id)
+            _log_failure(exc, "Telegram update %s unmappable (%s); skipped", update_id)
             return None
 
     def format_reply(self, text: str, agent_name: str) -> str:
@@ -928,26 +930,18 @@ class TelegramAdapter:
             return PlainTextResponse("Malformed JSON", status_code=400)
         if not isinstance(payload, dict) or not isinstance(payload.get("update_id"), int):
             return PlainTextResponse("Not an update", status_code=400)
-        event = self._map(payload)
+        # 200 for an update PTB cannot read, as polling moves past it: a redelivery
+        # would fail the same way, for as long as Telegram keeps retrying.
+        event = self._map(payload) if _read_update(payload) is not None else None
         if event is None:
             return PlainTextResponse("ok")
         try:
             await handler(event)
-        except ChatflowError as exc:
+        except Exception as exc:
             # Any non-2xx makes Telegram redeliver later; nothing was confirmed.
-            logger.warning(
-                "Telegram update %s not accepted by the gateway (%s: %s)",
-                payload["update_id"],
-                type(exc).__name__,
-                exc,
-            )
-            return PlainTextResponse("Retry later", status_code=503 if exc.retryable else 500)
-        except Exception:
-            logger.exception(
-                "Telegram update %s not accepted by the gateway; Telegram will redeliver",
-                payload["update_id"],
-            )
-            return PlainTextResponse("Retry later", status_code=500)
+            _log_failure(exc, _REFUSED, payload["update_id"], log_ref(event.message_id))
+            retryable = isinstance(exc, ChatflowError) and exc.retryable
+            return PlainTextResponse("Retry later", status_code=503 if retryable else 500)
         return PlainTextResponse("ok")
 
     # ------------------------------------------------------------------ sending
@@ -997,19 +991,19 @@ class TelegramAdapter:
         ids: list[str] = []
         for index, part in enumerate(parts):
             try:
-                try:
-                    sent = await self._send_part(
-                        app, target, part, topic, reply if index == 0 else None
-                    )
-                except ChatMigrated as exc:
-                    new_id = int(exc.new_chat_id)
-                    await self._note_migration(str(target), new_id)
-                    target = new_id
-                    sent = await self._send_part(
-                        app, target, part, topic, reply if index == 0 else None
-                    )
-            except TelegramError as exc:
-                error = translate_error(exc, token=self._token)
+                with _telegram_errors(self._token):
+                    try:
+                        sent = await self._send_part(
+                            app, target, part, topic, reply if index == 0 else None
+                        )
+                    except ChatMigrated as exc:
+                        new_id = int(exc.new_chat_id)
+                        await self._note_migration(str(target), new_id)
+                        target = new_id
+                        sent = await self._send_part(
+                            app, target, part, topic, reply if index == 0 else None
+                        )
+            except PlatformError as error:
                 logger.warning(
                     "Telegram send failed on part %d of %d: %s (retryable=%s, ambiguous=%s)",
                     index + 1,
@@ -1026,8 +1020,8 @@ class TelegramAdapter:
                         retry_after=error.retry_after,
                         ambiguous=True,
                         code=error.code,
-                    ) from exc
-                raise error from exc
+                    ) from error
+                raise
             ids.append(str(sent.message_id))
         return SendResult(message_ids=ids)
 
@@ -1080,9 +1074,9 @@ class TelegramAdapter:
         )
         try:
             await handler(event)
-        except Exception:
+        except Exception as exc:
             # The send itself goes on; the service message will carry the news too.
-            logger.exception("Telegram migration notice not accepted by the gateway")
+            _log_failure(exc, "Telegram migration notice not accepted (%s)")
 
     async def indicate_typing(self, event: MessageEvent) -> None:
         """Send the typing action to the event's chat (and topic); errors are ignored."""
@@ -1094,6 +1088,7 @@ class TelegramAdapter:
         thread = source.thread_id
         topic = int(thread) if thread not in (None, GENERAL_TOPIC_ID) else None
         try:
-            await app.bot.send_chat_action(chat, ChatAction.TYPING, message_thread_id=topic)
-        except (TelegramError, ValueError) as exc:
-            logger.debug("Telegram typing action failed: %s", type(exc).__name__)
+            with _telegram_errors(self._token):
+                await app.bot.send_chat_action(chat, ChatAction.TYPING, message_thread_id=topic)
+        except (PlatformError, ValueError) as exc:
+            logger.debug("Telegram typing action failed: %s", exc)

@@ -42,6 +42,7 @@ from starlette.routing import BaseRoute, Route
 
 from bot.errors import ChatflowError, ConfigurationError, PlatformError
 from bot.gateway.events import MessageEvent
+from bot.gateway.keys import log_ref
 from bot.platforms.base import EventHandler, SendResult
 from bot.platforms.text import split_text
 from bot.platforms.whatsapp_payload import (
@@ -337,14 +338,14 @@ class WhatsAppAdapter:
                 if not exc.retryable:
                     logger.error(
                         "WhatsApp message %s not accepted (%s); answering 500",
-                        event.message_id,
+                        log_ref(event.message_id),
                         type(exc).__name__,
                     )
                     return PlainTextResponse("Internal Server Error", status_code=500)
                 # Back-pressure (queue full, shutting down): a quick "busy", not an error.
                 logger.warning(
                     "WhatsApp message %s not accepted now (%s); answering 503",
-                    event.message_id,
+                    log_ref(event.message_id),
                     type(exc).__name__,
                 )
                 headers = {}
@@ -353,7 +354,7 @@ class WhatsAppAdapter:
                 return PlainTextResponse("Busy, retry later", status_code=503, headers=headers)
             except Exception:
                 logger.exception(
-                    "WhatsApp message %s not accepted; answering 500", event.message_id
+                    "WhatsApp message %s not accepted; answering 500", log_ref(event.message_id)
                 )
                 return PlainTextResponse("Internal Server Error", status_code=500)
         for failed in batch.failed_statuses:
@@ -362,7 +363,9 @@ class WhatsAppAdapter:
 
     async def _status_failed(self, failed: FailedStatus) -> None:
         logger.warning(
-            "WhatsApp reports delivery failed for %s (error code %s)", failed.wamid, failed.code
+            "WhatsApp reports delivery failed for %s (error code %s)",
+            log_ref(failed.wamid),
+            failed.code,
         )
         callback = self.on_status_failed
         if callback is None:
@@ -370,7 +373,9 @@ class WhatsAppAdapter:
         try:
             await callback(failed.wamid, failed.error)
         except Exception:
-            logger.warning("on_status_failed callback failed for %s", failed.wamid, exc_info=True)
+            logger.warning(
+                "on_status_failed callback failed for %s", log_ref(failed.wamid), exc_info=True
+            )
 
     # -- sending ---------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from typing import Any
 from pywa.types.others import MessageType
 
 from bot.gateway.events import ChatType, MessageEvent, SessionSource
+from bot.gateway.keys import log_ref
 
 __all__ = [
     "IGNORED_TYPES",
@@ -266,11 +267,13 @@ def _parse_message(
         logger.warning("WhatsApp message without an id skipped (type %s)", typ)
         return None
     if typ in IGNORED_TYPES:
-        logger.debug("WhatsApp %s message %s starts no turn", typ, wamid)
+        logger.debug("WhatsApp %s message %s starts no turn", typ, log_ref(wamid))
         return None
     content = _content(message, typ)
     if content is None:
-        logger.warning("WhatsApp %s message %s has no readable content; skipped", typ, wamid)
+        logger.warning(
+            "WhatsApp %s message %s has no readable content; skipped", typ, log_ref(wamid)
+        )
         return None
     text, media_kind = content
 
@@ -278,7 +281,7 @@ def _parse_message(
     contact = _find_contact(contacts, sender_hint)
     sender = sender_hint or _str(contact.get("wa_id")) or _str(contact.get("user_id"))
     if sender is None:
-        logger.warning("WhatsApp message %s without a sender skipped", wamid)
+        logger.warning("WhatsApp message %s without a sender skipped", log_ref(wamid))
         return None
     sender_name = _str(_dict(contact.get("profile")).get("name"))
 

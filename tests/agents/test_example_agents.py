@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +342,80 @@ async def test_offline_refund_request_hands_off_to_billing(data_dir: Path) -> No
     calls = [c.name for m in result.new_messages for c in m.tool_calls]
     assert calls[0] == "transfer_to_billing"
     assert "INV-2001" in result.content
+
+
+# -- what the examples teach ------------------------------------------------------------
+
+AGENTS_DIR = Path(__file__).resolve().parents[2] / "agents"
+
+
+@pytest.mark.parametrize(
+    "path", [pytest.param(p, id=p.name) for p in sorted(AGENTS_DIR.glob("*.py"))]
+)
+def test_examples_import_the_engine_only_through_its_public_api(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    engine_imports = [
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+        if node.module.split(".")[0] == "bot"
+    ]
+    engine_imports += [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name.split(".")[0] == "bot"
+    ]
+    assert set(engine_imports) <= {"bot"}, engine_imports
+
+
+async def test_refund_does_not_depend_on_unrelated_settings(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Wrong values for settings the tool does not use must not stop a refund.
+    monkeypatch.setenv("HTTP_PORT", "not-a-port")
+    monkeypatch.setenv("WHATSAPP_PHONE_ID", "123")  # without its token: invalid for the bot
+
+    result = await call(request_refund, REFUND, ctx("wamid.A"))
+
+    assert result["state"] == "received"
+    assert len(refund_lines(data_dir)) == 1
+
+
+async def test_refund_reads_data_dir_from_dotenv_like_the_bot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("DATA_DIR=from-dotenv\nHTTP_PORT=not-a-port\n")
+
+    result = await call(request_refund, REFUND, ctx("wamid.A"))
+
+    assert result["state"] == "received"
+    assert len(refund_lines(tmp_path / "from-dotenv")) == 1
+
+
+def test_refunds_from_two_event_loops_record_once(data_dir: Path) -> None:
+    # A tool may be called from several loops in one process (tests, a CLI
+    # command beside the bot); the writers must still be ordered.
+    start = threading.Barrier(2)
+    results: list[Any] = []
+
+    def worker() -> None:
+        async def burst() -> list[Any]:
+            return await asyncio.gather(
+                *(call(request_refund, REFUND, ctx("wamid.A")) for _ in range(4))
+            )
+
+        start.wait(timeout=10)
+        results.extend(asyncio.run(burst()))
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert len(results) == 8
+    assert len({r["request_id"] for r in results}) == 1
+    assert len(refund_lines(data_dir)) == 1

@@ -511,7 +511,7 @@ def test_router_caches_one_client_per_endpoint_and_key() -> None:
 
 
 def test_resolve_model_accepts_the_app_settings_with_secret_keys() -> None:
-    settings = Settings(openai_api_key="sk-from-env", default_model="gpt-4o")  # type: ignore[arg-type]
+    settings = Settings(openai_api_key="sk-from-env", default_model="gpt-4o")
     model, name = resolve_model("gpt-4o", settings)
     assert isinstance(model, OpenAICompatibleModel)
     assert model.api_key == "sk-from-env"

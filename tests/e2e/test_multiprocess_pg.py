@@ -141,10 +141,12 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
 async def database_state(dsn: str) -> dict[str, Any]:
     conn = await asyncpg.connect(dsn)
     try:
-        inbox = dict(await conn.fetch("SELECT state, count(*) FROM chatflow_inbox GROUP BY 1"))
-        ledger = dict(
-            await conn.fetch("SELECT state, count(*) FROM chatflow_delivery_obligations GROUP BY 1")
+        rows = await conn.fetch("SELECT state, count(*) FROM chatflow_inbox GROUP BY 1")
+        inbox = {str(r[0]): int(r[1]) for r in rows}
+        rows = await conn.fetch(
+            "SELECT state, count(*) FROM chatflow_delivery_obligations GROUP BY 1"
         )
+        ledger = {str(r[0]): int(r[1]) for r in rows}
         per_message = await conn.fetch(
             "SELECT message_ref, count(*) FROM chatflow_delivery_obligations GROUP BY 1"
         )

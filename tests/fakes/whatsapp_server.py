@@ -29,6 +29,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tests.fakes.whatsapp_webhook import real_wamid
+
 __all__ = [
     "DEFAULT_ERROR_MESSAGES",
     "FakeWhatsAppServer",
@@ -327,7 +329,7 @@ def _validate_send(body: dict[str, Any]) -> str | None:
 
 def _sent_response(body: dict[str, Any]) -> JSONResponse:
     recipient = str(body.get("to") or body.get("recipient"))
-    wamid = "wamid." + secrets.token_urlsafe(24)
+    wamid = real_wamid(recipient)
     return JSONResponse(
         {
             "messaging_product": "whatsapp",

@@ -10,6 +10,7 @@ without a socket.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -28,6 +29,7 @@ __all__ = [
     "USER_WA_ID",
     "WABA_ID",
     "WebhookSender",
+    "real_wamid",
     "sign",
 ]
 
@@ -47,9 +49,28 @@ def sign(body: bytes, app_secret: str) -> str:
     return "sha256=" + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def new_wamid() -> str:
-    """A fresh, realistic-looking message id."""
-    return "wamid." + secrets.token_urlsafe(32)
+def real_wamid(wa_id: str) -> str:
+    """A fresh message id in WhatsApp's own format, which embeds ``wa_id``.
+
+    A real wamid is standard base64 of a small protobuf-like record holding the
+    other party's number and a random hex id (Meta's documented sample decodes
+    to ``16505076520``). Random ids could never reveal that a log line leaks a
+    phone number; these do.
+    """
+    number = wa_id.encode()
+    if len(number) > 0xFF:
+        raise ValueError("a wamid holds at most 255 bytes of wa_id")
+    suffix = secrets.token_hex(9).upper().encode("ascii")
+    record = (
+        b"\x1c\x18"
+        + bytes([len(number)])
+        + number
+        + b"\x15\x02\x00\x11\x18"
+        + bytes([len(suffix)])
+        + suffix
+        + b"\x00"
+    )
+    return "wamid." + base64.b64encode(record).decode("ascii")
 
 
 class WebhookSender:
@@ -104,7 +125,7 @@ class WebhookSender:
         """One ``messages[]`` item of type ``typ`` carrying ``content`` under that key."""
         message: dict[str, Any] = {
             "from": wa_id,
-            "id": wamid or new_wamid(),
+            "id": wamid or real_wamid(wa_id),
             "timestamp": str(timestamp if timestamp is not None else int(time.time())),
             "type": typ,
         }

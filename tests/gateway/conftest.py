@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bot.config import Settings
+from bot.core.agent import Agent
+from bot.core.models.scripted import ScriptedModel
+from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.gateway.events import MessageEvent, SessionSource
+from bot.gateway.gateway import Gateway
+from tests.fakes.adapter import FakeAdapter
+
+SECRET = b"k" * 32
 
 
 class FakeClock:
@@ -68,3 +77,43 @@ def build_event(message_id: str = "telegram:42:1", **kwargs: Any) -> MessageEven
 @pytest.fixture
 def make_event() -> EventFactory:
     return build_event
+
+
+@dataclass
+class Rig:
+    gateway: Gateway
+    adapter: FakeAdapter
+    model: ScriptedModel
+    store: SQLiteSessionStore
+    agent: Agent
+
+
+@pytest.fixture
+async def rigs(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
+    made: list[Rig] = []
+
+    async def make(
+        *,
+        connected: bool = True,
+        start: bool = True,
+        adapter: FakeAdapter | None = None,
+        **settings: object,
+    ) -> Rig:
+        store = SQLiteSessionStore(str(tmp_path / "chatflow.db"))
+        model = ScriptedModel()
+        agent = Agent(name="Helper", instructions="Be helpful.")
+        runner = Runner(agent, store, model=model)
+        fake = adapter or FakeAdapter(connected_on_start=connected)
+        cfg = Settings(data_dir=tmp_path, **settings)  # type: ignore[arg-type]
+        gateway = Gateway(runner, store, [fake], cfg, secret=SECRET)
+        if start:
+            await gateway.start()
+            await gateway.wait_ready()
+        rig = Rig(gateway, fake, model, store, agent)
+        made.append(rig)
+        return rig
+
+    yield make
+    for rig in made:
+        await rig.gateway.stop(grace=1)
+        await rig.store.close()

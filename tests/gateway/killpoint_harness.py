@@ -7,7 +7,7 @@ platform redelivers unconfirmed updates), appends every send to
 point the first time it gets there:
 
 - ``after_accept``: inside the model call, after tx 1, before tx 2;
-- ``after_commit``: after tx 2, before the send is marked attempting;
+- ``after_commit``: after tx 2 (the obligation written already claimed), before the send;
 - ``during_send``: after the message reached the "platform", before send returns;
 - ``after_send``: after send returned, before ``mark_delivered``.
 
@@ -65,9 +65,10 @@ class FileAdapter:
     name = "fake"
     max_text_len = 4096
 
-    def __init__(self, root: Path, kill_during_send: bool) -> None:
+    def __init__(self, root: Path, kill_at: str | None) -> None:
         self.root = root
-        self.kill_during_send = kill_during_send
+        self.kill_before_send = kill_at == "after_commit"
+        self.kill_during_send = kill_at == "during_send"
         self._connected = False
 
     @property
@@ -97,6 +98,8 @@ class FileAdapter:
     async def send(
         self, chat_id: str, text: str, *, thread_id: str | None = None, reply_to: str | None = None
     ) -> SendResult:
+        if self.kill_before_send:
+            die()
         record = json.dumps({"chat": chat_id, "text": text, "reply_to": reply_to})
         # Blocking on purpose: the record must be on disk before a SIGKILL can land.
         with open(self.root / "sent.jsonl", "a") as f:  # noqa: ASYNC230
@@ -122,15 +125,8 @@ async def main(root: Path, kill_at: str | None) -> None:
     runner = Runner(
         Agent(name="Echo", instructions="echo"), store, model=EchoModel(kill_at == "after_accept")
     )
-    adapter = FileAdapter(root, kill_at == "during_send")
+    adapter = FileAdapter(root, kill_at)
     gateway = Gateway(runner, store, [adapter], Settings(data_dir=root), secret=b"s" * 32)
-    if kill_at == "after_commit":
-
-        async def kill_attempting(*args: Any, **kwargs: Any) -> bool:
-            die()
-            return False
-
-        gateway.ledger.mark_attempting = kill_attempting  # type: ignore[method-assign]
     if kill_at == "after_send":
 
         async def kill_delivered(*args: Any, **kwargs: Any) -> bool:
@@ -139,6 +135,7 @@ async def main(root: Path, kill_at: str | None) -> None:
 
         gateway.ledger.mark_delivered = kill_delivered  # type: ignore[method-assign]
     await gateway.start()
+    await gateway.wait_ready()
     await adapter.offer_all()
     expected = len((root / "inbound.jsonl").read_text().splitlines())
     while True:

@@ -4,67 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from bot.config import Settings
-from bot.core.agent import Agent
 from bot.core.models.base import ModelResponse
 from bot.core.models.scripted import ScriptedModel
-from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import ModelError, PlatformError, StorageError
 from bot.gateway.dispatcher import DispatcherBusyError
-from bot.gateway.gateway import Gateway, Replies
+from bot.gateway.gateway import Replies
 from bot.gateway.ledger import RECOVERED_MARKER
 from tests.fakes.adapter import FakeAdapter, make_event, transient
-
-SECRET = b"k" * 32
-
-
-@dataclass
-class Rig:
-    gateway: Gateway
-    adapter: FakeAdapter
-    model: ScriptedModel
-    store: SQLiteSessionStore
-    agent: Agent
-
-
-RigFactory = Callable[..., "asyncio.Future[Rig]"]
-
-
-@pytest.fixture
-async def rigs(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
-    made: list[Rig] = []
-
-    async def make(
-        *,
-        connected: bool = True,
-        start: bool = True,
-        adapter: FakeAdapter | None = None,
-        **settings: object,
-    ) -> Rig:
-        store = SQLiteSessionStore(str(tmp_path / "chatflow.db"))
-        model = ScriptedModel()
-        agent = Agent(name="Helper", instructions="Be helpful.")
-        runner = Runner(agent, store, model=model)
-        fake = adapter or FakeAdapter(connected_on_start=connected)
-        cfg = Settings(data_dir=tmp_path, **settings)  # type: ignore[arg-type]
-        gateway = Gateway(runner, store, [fake], cfg, secret=SECRET)
-        if start:
-            await gateway.start()
-        rig = Rig(gateway, fake, model, store, agent)
-        made.append(rig)
-        return rig
-
-    yield make
-    for rig in made:
-        await rig.gateway.stop(grace=1)
-        await rig.store.close()
+from tests.gateway.conftest import Rig
 
 
 async def test_a_dm_is_answered_once_and_quotes_the_message(rigs: Callable[..., object]) -> None:
@@ -216,12 +169,10 @@ async def test_ledger_write_failure_is_logged_and_the_reply_still_sent(
 ) -> None:
     rig: Rig = await rigs()  # type: ignore[misc]
     real = rig.store.transaction
-    calls = {"n": 0}
 
     def flaky_transaction() -> object:
-        # tx 1 (accept) and tx 2 (turn) succeed; the next write (mark_attempting) fails
-        calls["n"] += 1
-        if calls["n"] == 3:
+        # Every write after the reply left (mark_delivered) fails.
+        if rig.adapter.sent:
             raise StorageError("disk full")
         return real()
 
@@ -230,8 +181,14 @@ async def test_ledger_write_failure_is_logged_and_the_reply_still_sent(
     with caplog.at_level(logging.WARNING):
         await rig.adapter.deliver(make_event("hi"))
         sent = await rig.adapter.wait_for_sent(1)
+        assert await rig.gateway._dispatcher.drain(5)
     assert sent[0].text == "still here"
     assert any("disk full" in r.getMessage() or r.exc_info for r in caplog.records)
+    # The outcome waits in memory and lands once the database writes again.
+    assert rig.gateway.ledger.unrecorded == 1
+    monkeypatch.setattr(rig.store, "transaction", real)
+    assert await rig.gateway.ledger.record_unrecorded() == 0
+    assert (await rig.gateway.ledger.status()).get("delivered") == 1
 
 
 async def test_unconnected_adapter_keeps_its_rows_without_spending_attempts(

@@ -28,6 +28,7 @@ from bot.gateway.keys import (
     is_path_unsafe,
     is_session_key_unsafe,
     load_or_create_secret,
+    log_ref,
     session_id_for,
 )
 
@@ -62,6 +63,25 @@ def test_keyed_hash_differs_from_plain(value: str, secret: bytes) -> None:
 def test_sender_and_chat_prefixes(value: str, secret: bytes | None) -> None:
     assert hash_sender_id(value, secret) == f"user_{hash_id(value, secret)}"
     assert hash_chat_id(value, secret) == f"chat_{hash_id(value, secret)}"
+
+
+def test_log_ref_is_prefixed_unkeyed_hash_without_the_raw_id() -> None:
+    # Meta's documented sample wamid: base64 around the sender's number 16505076520.
+    wamid = "wamid.HBgLMTY1MDUwNzY1MjAVAgARGBI5QTNDQTVCM0Q0Q0Q2RTY3RTcA"
+    ref = log_ref(wamid)
+    assert ref == f"msg_{hash_id(wamid)}"
+    assert log_ref("16505076520", "user") == f"user_{hash_id('16505076520')}"
+    for raw in (wamid, wamid.removeprefix("wamid."), "16505076520", "MTY1MDUwNzY1"):
+        assert raw not in ref
+    assert "log_ref" in keys.__all__
+
+
+@given(value=ids)
+def test_log_ref_is_stable_and_12_hex(value: str) -> None:
+    prefix, _, digest = log_ref(value).partition("_")
+    assert prefix == "msg"
+    assert HEX12.fullmatch(digest)
+    assert log_ref(value) == log_ref(value)
 
 
 def test_keys_reexports_the_path_checks() -> None:

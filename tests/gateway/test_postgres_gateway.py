@@ -101,7 +101,7 @@ async def test_every_component_migrates_once_when_five_processes_start_together(
         )
     finally:
         await conn.close()
-    assert dict(rows) == {
+    assert {str(r[0]): r[1] for r in rows} == {
         "session_store": 1,
         "inbox": 2,
         "delivery_ledger": 1,
@@ -288,7 +288,7 @@ async def test_polling_is_refused_beside_another_live_process(stores: StoreMaker
     store = await stores()
     me = InstanceRegistry(store, owner=Owner(os.getpid(), "me"), lease_seconds=60)
     await me.register()
-    polling = Settings(telegram_bot_token="123:abc")  # type: ignore[arg-type]
+    polling = Settings(telegram_bot_token="123:abc")
     await check_polling_alone(polling, me)  # alone: fine
     other = InstanceRegistry(await stores(), owner=Owner(os.getppid(), "other"), lease_seconds=60)
     await other.register()
@@ -297,9 +297,9 @@ async def test_polling_is_refused_beside_another_live_process(stores: StoreMaker
     assert str(info.value) == POLLING_CONFLICT_MESSAGE
     assert info.value.setting == "TELEGRAM_WEBHOOK_URL"
     webhook = Settings(
-        telegram_bot_token="123:abc",  # type: ignore[arg-type]
+        telegram_bot_token="123:abc",
         telegram_webhook_url="https://bot.example.com/webhooks/telegram",
-        telegram_webhook_secret="s3cret",  # type: ignore[arg-type]
+        telegram_webhook_secret="s3cret",
     )
     await check_polling_alone(webhook, me)
 
@@ -343,7 +343,7 @@ async def test_a_stalled_process_loses_its_turn_to_the_one_that_took_it_over(
         await registry.start()
         model = ScriptedModel(steps)
         adapter = FakeAdapter()
-        settings = Settings(data_dir=tmp_path)  # type: ignore[arg-type]
+        settings = Settings(data_dir=tmp_path)
         gateway = Gateway(
             Runner(agent, store, model=model),
             store,
@@ -353,6 +353,7 @@ async def test_a_stalled_process_loses_its_turn_to_the_one_that_took_it_over(
             instances=registry,
         )
         await gateway.start()
+        await gateway.wait_ready()
         nodes.append(Node(gateway, adapter, model, registry))
     a, b = nodes
     try:

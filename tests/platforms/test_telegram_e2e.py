@@ -458,3 +458,75 @@ async def test_typing_is_not_throttled_by_the_group_limit(
         asyncio.gather(*(adapter.indicate_typing(event) for _ in range(25))), timeout=2
     )
     assert len(server.chat_actions) == 25
+
+
+async def test_stop_timeout_bounds_a_stuck_on_event(
+    server: FakeTelegramServer, make_adapter: AdapterFactory
+) -> None:
+    recorder = Recorder()
+    entered = asyncio.Event()
+    never = asyncio.Event()
+
+    async def stuck(event: MessageEvent) -> None:
+        entered.set()
+        await never.wait()
+
+    recorder.hook = stuck
+    adapter, _ = await started(make_adapter, recorder, stop_timeout=0.05)
+    update_id = server.push_update(load("private_text"))
+    await asyncio.wait_for(entered.wait(), timeout=5)
+    # Far below the 30 s default: stop() gave up on the handler after stop_timeout.
+    await asyncio.wait_for(adapter.stop(), timeout=5)
+    assert not adapter.is_connected
+    assert server.pending_update_ids == [update_id]  # cancelled, so never confirmed
+
+
+def _unreadable_update() -> dict[str, Any]:
+    # A recorded update whose "date" changed type, as a newer Bot API might do.
+    update = load("private_text")
+    update["message"]["date"] = "2025-01-01T00:00:00Z"
+    return update
+
+
+@pytest.mark.parametrize("mode", ["polling", "webhook"], ids=["polling", "webhook"])
+async def test_unreadable_update_is_skipped_with_one_warning(
+    server: FakeTelegramServer,
+    make_adapter: AdapterFactory,
+    caplog: pytest.LogCaptureFixture,
+    mode: str,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    broken = _unreadable_update()
+    good = load("group_mention")
+    if mode == "polling":
+        _, recorder = await started(make_adapter)
+        broken_id = server.push_update(broken)
+        server.push_update(good)
+        (event,) = await recorder.wait_for(1)
+        await server.wait_for_request(
+            "getUpdates", where=lambda r: (r.params.get("offset") or 0) > broken_id
+        )
+    else:
+        adapter, recorder = await started(
+            make_adapter, webhook_url="https://bot.example/webhooks/telegram", webhook_secret="s"
+        )
+        transport = httpx.ASGITransport(app=Starlette(routes=list(adapter.routes())))
+        headers = {"X-Telegram-Bot-Api-Secret-Token": "s"}
+        async with httpx.AsyncClient(transport=transport, base_url="http://bot") as client:
+            skipped = await client.post(WEBHOOK_PATH, json=broken, headers=headers)
+            accepted = await client.post(WEBHOOK_PATH, json=good, headers=headers)
+        # 200: a redelivery would fail the same way, so Telegram must not retry it.
+        assert (skipped.status_code, accepted.status_code) == (200, 200)
+        (event,) = recorder.events
+    assert event.message_id == "telegram:-1001234567890:20"
+    assert recorder.calls == 1
+    ours = [
+        r
+        for r in caplog.records
+        if r.name.startswith("bot.platforms") and r.levelno >= logging.WARNING
+    ]
+    assert [(r.levelno, r.exc_info) for r in ours] == [(logging.WARNING, None)]
+    line = ours[0].getMessage()
+    assert str(broken["update_id"]) in line
+    for secret in ("111111111", "Hola", "alice", "Liddell"):
+        assert secret not in line

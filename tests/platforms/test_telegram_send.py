@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -388,7 +391,11 @@ def test_configuration_errors(kwargs: dict[str, Any], setting: str) -> None:
     [(5, 5.0), (timedelta(seconds=7), 7.0)],
     ids=["int", "timedelta"],
 )
-def test_retry_after_int_or_timedelta(retry_after: int | timedelta, seconds: float) -> None:
+def test_retry_after_int_or_timedelta(
+    retry_after: int | timedelta, seconds: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The opt-in an adapter sets: RetryAfter's constructor warns without it.
+    monkeypatch.setenv("PTB_TIMEDELTA", "true")
     error_ = translate_error(RetryAfter(retry_after))
     assert error_.retry_after == seconds
     assert error_.retryable
@@ -410,7 +417,10 @@ def _chained(outer: NetworkError, cause: BaseException) -> NetworkError:
         (_chained(TimedOut(), httpx.ReadTimeout("r")), True, True),
         (_chained(TimedOut(), httpx.ConnectTimeout("c")), True, False),
         (
-            TimedOut("Pool timeout: All connections in the connection pool are occupied."),
+            _chained(
+                TimedOut("Pool timeout: All connections in the connection pool are occupied."),
+                httpx.PoolTimeout("p"),
+            ),
             True,
             False,
         ),
@@ -440,3 +450,68 @@ def test_translate_error_rules(exc: Exception, retryable: bool, ambiguous: bool)
 def test_translate_error_redacts_token() -> None:
     translated = translate_error(NetworkError(f"failed for {TOKEN}"), token=TOKEN)
     assert TOKEN not in str(translated)
+
+
+@pytest.mark.parametrize(
+    ("exc", "ambiguous"),
+    [
+        (TimedOut("Pool timeout: Request was *not* sent to Telegram."), True),
+        (_chained(TimedOut("All connections are busy"), httpx.PoolTimeout("p")), False),
+        (_chained(TimedOut("Pool timeout: not sent"), httpx.ReadTimeout("r")), True),
+        (_chained(TimedOut(), httpx.WriteTimeout("w")), True),
+        (_chained(TimedOut(), httpx.ConnectTimeout("c")), False),
+    ],
+    ids=[
+        "pool-wording-without-cause",
+        "pool-timeout-reworded",
+        "read-timeout-with-pool-wording",
+        "write-timeout",
+        "connect-timeout",
+    ],
+)
+def test_ambiguity_follows_the_httpx_cause_not_the_wording(exc: TimedOut, ambiguous: bool) -> None:
+    translated = translate_error(exc)
+    assert translated.ambiguous is ambiguous
+    assert translated.retryable
+    assert translated.code == "timeout"
+
+
+def test_import_leaves_the_environment_alone() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PTB_TIMEDELTA"}
+    probe = "import os, bot.platforms.telegram; print(os.environ.get('PTB_TIMEDELTA'))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [(None, "true"), ("1", "1"), ("false", "false")],
+    ids=["unset", "explicit-on", "explicit-off"],
+)
+def test_adapter_opts_in_to_timedelta_durations(
+    monkeypatch: pytest.MonkeyPatch, before: str | None, after: str
+) -> None:
+    if before is None:
+        monkeypatch.delenv("PTB_TIMEDELTA", raising=False)
+    else:
+        monkeypatch.setenv("PTB_TIMEDELTA", before)
+    TelegramAdapter(TOKEN)
+    assert os.environ["PTB_TIMEDELTA"] == after
+
+
+async def test_flood_control_without_an_earlier_opt_in(
+    monkeypatch: pytest.MonkeyPatch, mock: respx.MockRouter
+) -> None:
+    monkeypatch.delenv("PTB_TIMEDELTA", raising=False)
+    tg = TelegramAdapter(TOKEN, webhook_url="https://bot.example/h", webhook_secret="s3cret")
+    await tg.start(Recorder())
+    try:
+        send_route(mock, error(429, "Too Many Requests: retry after 2", retry_after=2))
+        with pytest.raises(PlatformError) as info:
+            await tg.send("5", "hi")
+    finally:
+        await tg.stop()
+    assert (info.value.retryable, info.value.retry_after, info.value.code) == (True, 2.0, 429)

@@ -17,6 +17,7 @@ from bot.platforms import whatsapp as whatsapp_module
 from bot.platforms.text import split_text
 from bot.platforms.whatsapp import DEFAULT_API_VERSION, WhatsAppAdapter
 from bot.platforms.whatsapp_payload import is_group_chat_id
+from tests.fakes.whatsapp_webhook import real_wamid
 
 PHONE_ID = "106540352242922"
 TOKEN = "test-token"
@@ -24,6 +25,9 @@ BASE = "https://graph.facebook.com"
 MESSAGES_URL = f"{BASE}/v{DEFAULT_API_VERSION}/{PHONE_ID}/messages"
 USER = "16505551234"
 GROUP = "Y2FwaV9ncm91cDoxNTU1MDc4Mzg4MToxMjAzNjMwMjU0NzQxNTk4MTkZD"
+BSUID = "US.13491208655302741918"
+INBOUND = real_wamid(USER)
+"""The user's message the bot answers or marks read."""
 
 
 async def _ignore(event: MessageEvent) -> bool:
@@ -82,9 +86,10 @@ def graph() -> Iterator[respx.MockRouter]:
 
 
 async def test_text_to_a_person(adapter: WhatsAppAdapter, graph: respx.MockRouter) -> None:
-    route = graph.post(MESSAGES_URL).mock(return_value=ok("wamid.ONE"))
+    wamid = real_wamid(USER)
+    route = graph.post(MESSAGES_URL).mock(return_value=ok(wamid))
     result = await adapter.send(USER, "Hola")
-    assert result.message_ids == ["wamid.ONE"]
+    assert result.message_ids == [wamid]
     (call,) = route.calls
     assert call.request.headers["authorization"] == f"Bearer {TOKEN}"
     assert body_of(call) == {
@@ -94,52 +99,53 @@ async def test_text_to_a_person(adapter: WhatsAppAdapter, graph: respx.MockRoute
         "to": USER,
         "text": {"body": "Hola", "preview_url": False},
     }
-    assert adapter.is_our_message("wamid.ONE")
+    assert adapter.is_our_message(wamid)
 
 
 async def test_reply_quotes_the_message(adapter: WhatsAppAdapter, graph: respx.MockRouter) -> None:
-    route = graph.post(MESSAGES_URL).mock(return_value=ok("wamid.R"))
-    await adapter.send(USER, "Claro", reply_to="wamid.IN")
-    assert body_of(route.calls[0])["context"] == {"message_id": "wamid.IN"}
+    route = graph.post(MESSAGES_URL).mock(return_value=ok(real_wamid(USER)))
+    await adapter.send(USER, "Claro", reply_to=INBOUND)
+    assert body_of(route.calls[0])["context"] == {"message_id": INBOUND}
 
 
 async def test_group_is_answered_in_the_group(
     adapter: WhatsAppAdapter, graph: respx.MockRouter
 ) -> None:
-    route = graph.post(MESSAGES_URL).mock(return_value=ok("wamid.G"))
-    await adapter.send(GROUP, "Hola grupo", reply_to="wamid.IN")
+    route = graph.post(MESSAGES_URL).mock(return_value=ok(real_wamid(GROUP)))
+    await adapter.send(GROUP, "Hola grupo", reply_to=INBOUND)
     body = body_of(route.calls[0])
     assert body["recipient_type"] == "group"
     assert body["to"] == GROUP
-    assert body["context"] == {"message_id": "wamid.IN"}
+    assert body["context"] == {"message_id": INBOUND}
 
 
 async def test_business_scoped_user_id_goes_as_recipient(
     adapter: WhatsAppAdapter, graph: respx.MockRouter
 ) -> None:
-    route = graph.post(MESSAGES_URL).mock(return_value=ok("wamid.B"))
-    await adapter.send("US.13491208655302741918", "Hola")
+    route = graph.post(MESSAGES_URL).mock(return_value=ok(real_wamid(BSUID)))
+    await adapter.send(BSUID, "Hola")
     body = body_of(route.calls[0])
     assert body["recipient_type"] == "individual"
-    assert body["recipient"] == "US.13491208655302741918"
+    assert body["recipient"] == BSUID
     assert "to" not in body
 
 
 async def test_long_text_goes_in_ordered_parts_quoting_only_the_first(
     adapter: WhatsAppAdapter, graph: respx.MockRouter
 ) -> None:
-    counter = iter(range(1, 100))
-    route = graph.post(MESSAGES_URL).mock(side_effect=lambda request: ok(f"wamid.{next(counter)}"))
+    answered = [real_wamid(USER) for _ in range(100)]
+    counter = iter(answered)
+    route = graph.post(MESSAGES_URL).mock(side_effect=lambda request: ok(next(counter)))
     paragraphs = [f"Párrafo {i}: " + "palabra " * 300 for i in range(5)]
     text = "\n\n".join(p.strip() for p in paragraphs)
     assert len(text) > 2 * 4096
-    result = await adapter.send(USER, text, reply_to="wamid.IN")
+    result = await adapter.send(USER, text, reply_to=INBOUND)
     bodies = [body_of(c) for c in route.calls]
     assert len(bodies) == len(split_text(text, 4096)) >= 3
-    assert result.message_ids == [f"wamid.{i}" for i in range(1, len(bodies) + 1)]
+    assert result.message_ids == answered[: len(bodies)]
     assert [b["text"]["body"] for b in bodies] == split_text(text, 4096)
     assert all(len(b["text"]["body"]) <= 4096 for b in bodies)
-    assert bodies[0]["context"] == {"message_id": "wamid.IN"}
+    assert bodies[0]["context"] == {"message_id": INBOUND}
     assert all("context" not in b for b in bodies[1:])
     joined = " ".join(b["text"]["body"] for b in bodies)
     assert joined.split() == text.split()
@@ -156,7 +162,7 @@ async def test_parts_are_paced(
 
     monkeypatch.setattr(whatsapp_module, "_pause", fake_sleep)
     adapter.send_pause = 0.7
-    graph.post(MESSAGES_URL).mock(side_effect=[ok("wamid.1"), ok("wamid.2"), ok("wamid.3")])
+    graph.post(MESSAGES_URL).mock(side_effect=[ok(real_wamid(USER)) for _ in range(3)])
     await adapter.send(USER, "\n\n".join(["x" * 4000] * 3))
     assert pauses == [0.7, 0.7]
 
@@ -169,7 +175,7 @@ async def test_stop_between_parts_is_ambiguous(
 
     monkeypatch.setattr(whatsapp_module, "_pause", stop_instead_of_sleeping)
     adapter.send_pause = 1.0
-    route = graph.post(MESSAGES_URL).mock(return_value=ok("wamid.1"))
+    route = graph.post(MESSAGES_URL).mock(return_value=ok(real_wamid(USER)))
     with pytest.raises(PlatformError) as info:
         await adapter.send(USER, "\n\n".join(["z" * 4000] * 2))
     assert info.value.ambiguous and info.value.retryable
@@ -186,12 +192,13 @@ async def test_api_base_url_is_honoured_with_pywas_version_path(graph: respx.Moc
         api_version="22.0",
         send_pause=0,
     )
+    wamid = real_wamid(USER)
     route = graph.post(f"https://graph.example.test/proxy/v22.0/{PHONE_ID}/messages").mock(
-        return_value=ok("wamid.P")
+        return_value=ok(wamid)
     )
     await wa.start(_ignore)
     try:
-        assert (await wa.send(USER, "hola")).message_ids == ["wamid.P"]
+        assert (await wa.send(USER, "hola")).message_ids == [wamid]
     finally:
         await wa.stop()
     assert route.called
@@ -284,12 +291,13 @@ async def test_24h_window_error_says_so(adapter: WhatsAppAdapter, graph: respx.M
 async def test_later_part_failing_is_ambiguous(
     adapter: WhatsAppAdapter, graph: respx.MockRouter
 ) -> None:
-    graph.post(MESSAGES_URL).mock(side_effect=[ok("wamid.1"), meta_error(131056)])
+    first = real_wamid(USER)
+    graph.post(MESSAGES_URL).mock(side_effect=[ok(first), meta_error(131056)])
     with pytest.raises(PlatformError) as info:
         await adapter.send(USER, "\n\n".join(["y" * 4000] * 2))
     assert info.value.ambiguous
     assert info.value.retryable
-    assert adapter.is_our_message("wamid.1")
+    assert adapter.is_our_message(first)
 
 
 @pytest.mark.parametrize(
@@ -324,7 +332,7 @@ async def test_send_before_start_is_retryable() -> None:
 async def test_blank_text_is_refused_without_a_request(
     adapter: WhatsAppAdapter, graph: respx.MockRouter, text: str
 ) -> None:
-    route = graph.post(MESSAGES_URL).mock(return_value=ok("wamid.X"))
+    route = graph.post(MESSAGES_URL).mock(return_value=ok(real_wamid(USER)))
     with pytest.raises(PlatformError) as info:
         await adapter.send(USER, text)
     assert not info.value.retryable
@@ -340,7 +348,7 @@ async def test_send_after_stop_fails(adapter: WhatsAppAdapter) -> None:
 # -- typing --------------------------------------------------------------------------------
 
 
-def _event(wamid: str = "wamid.IN") -> MessageEvent:
+def _event(wamid: str = INBOUND) -> MessageEvent:
     return MessageEvent(
         platform="whatsapp",
         message_id=wamid,
@@ -357,15 +365,16 @@ async def test_typing_marks_read_once_per_event(
     event = _event()
     await adapter.indicate_typing(event)
     await adapter.indicate_typing(event)
-    await adapter.indicate_typing(_event("wamid.OTHER"))
+    other = real_wamid(USER)
+    await adapter.indicate_typing(_event(other))
     bodies = [body_of(c) for c in route.calls]
     assert bodies[0] == {
         "messaging_product": "whatsapp",
         "status": "read",
-        "message_id": "wamid.IN",
+        "message_id": INBOUND,
         "typing_indicator": {"type": "text"},
     }
-    assert [b["message_id"] for b in bodies] == ["wamid.IN", "wamid.OTHER"]
+    assert [b["message_id"] for b in bodies] == [INBOUND, other]
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 
 from bot.errors import ConfigurationError
 from bot.gateway.events import MessageEvent
+from bot.gateway.keys import log_ref
 from bot.platforms.base import PlatformAdapter
 from bot.platforms.whatsapp import MAX_BODY_BYTES, WEBHOOK_PATH, WhatsAppAdapter
 from bot.platforms.whatsapp_payload import parse_webhook
@@ -26,6 +27,7 @@ from tests.fakes.whatsapp_webhook import (
     PHONE_NUMBER_ID,
     USER_WA_ID,
     WebhookSender,
+    real_wamid,
     sign,
 )
 
@@ -404,7 +406,8 @@ async def test_failed_status_is_logged_and_reported(
     assert calls[0][0] == wamid
     assert "131047" in calls[0][1]
     logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(wamid in m and "131047" in m for m in logged)
+    assert any(log_ref(wamid) in m and "131047" in m for m in logged)
+    assert not any(wamid in m for m in logged)
 
 
 async def test_failing_status_callback_does_not_fail_the_webhook(
@@ -480,17 +483,20 @@ async def test_reply_to_the_business_number_is_a_reply_to_the_bot(
 
 def test_reply_quoting_a_sent_wamid_is_a_reply_to_the_bot() -> None:
     sender = WebhookSender(URL, APP_SECRET)
-    payload = sender.text("sí", context={"from": "34600000000", "id": "wamid.OURS"})
+    ours = real_wamid(USER_WA_ID)
+    payload = sender.text("sí", context={"from": "34600000000", "id": ours})
     (plain,) = parse_webhook(payload, phone_id=PHONE_NUMBER_ID).events
-    (known,) = parse_webhook(payload, phone_id=PHONE_NUMBER_ID, sent_ids={"wamid.OURS"}).events
+    (known,) = parse_webhook(payload, phone_id=PHONE_NUMBER_ID, sent_ids={ours}).events
     assert not plain.replies_to_bot
     assert known.replies_to_bot
 
 
 def test_reply_to_someone_else_is_not_a_reply_to_the_bot() -> None:
     sender = WebhookSender(URL, APP_SECRET)
-    payload = sender.group_text("+1", context={"from": "447700900999", "id": "wamid.THEIRS"})
-    (event,) = parse_webhook(payload, phone_id=PHONE_NUMBER_ID, sent_ids={"wamid.OURS"}).events
+    theirs = real_wamid("447700900999")
+    payload = sender.group_text("+1", context={"from": "447700900999", "id": theirs})
+    sent_ids = {real_wamid(USER_WA_ID)}
+    (event,) = parse_webhook(payload, phone_id=PHONE_NUMBER_ID, sent_ids=sent_ids).events
     assert not event.replies_to_bot
 
 

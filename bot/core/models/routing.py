@@ -12,24 +12,34 @@
 
 Anything else, or a missing key, is a ``ConfigurationError`` naming the
 setting, raised when the Runner is built, before any message is handled.
+
+The openai SDK takes most of a second to import, so ``OpenAICompatibleModel``
+is imported only when a router builds its first client: ``import bot`` and an
+offline or scripted run never pay for it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from bot.core.models.base import ChatModel
 from bot.core.models.offline import OfflineModel
-from bot.core.models.openai_compat import OpenAICompatibleModel, gemini_compatible_schema
 from bot.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from bot.core.models.openai_compat import OpenAICompatibleModel
 
 __all__ = [
     "DEFAULT_OLLAMA_BASE_URL",
     "GEMINI_BASE_URL",
     "ModelRouter",
     "ModelSettings",
+    "ModelSettingsSource",
     "Route",
     "default_model_name",
     "resolve_model",
@@ -45,6 +55,46 @@ DEFAULT_OLLAMA_BASE_URL = "http://localhost:11434/v1"
 
 _OPENAI_PREFIXES = ("gpt-", "o1", "o3", "o4", "chatgpt-")
 _OFFLINE = "offline"
+_DEFAULT_TIMEOUT = 60.0
+
+
+@runtime_checkable
+class ModelSettingsSource(Protocol):
+    """Any settings object with the model fields; ``bot.config.Settings`` is one.
+
+    A Protocol rather than an import: the core must not depend on the
+    application's settings module (nor pull pydantic-settings into ``import bot``).
+    """
+
+    @property
+    def openai_api_key(self) -> object:
+        """``OPENAI_API_KEY`` (``str``, ``SecretStr`` or ``None``)."""
+        ...
+
+    @property
+    def openai_base_url(self) -> str | None:
+        """``OPENAI_BASE_URL``."""
+        ...
+
+    @property
+    def gemini_api_key(self) -> object:
+        """``GEMINI_API_KEY`` (``str``, ``SecretStr`` or ``None``)."""
+        ...
+
+    @property
+    def ollama_base_url(self) -> str | None:
+        """``OLLAMA_BASE_URL``."""
+        ...
+
+    @property
+    def default_model(self) -> str | None:
+        """``DEFAULT_MODEL``."""
+        ...
+
+    @property
+    def model_timeout_seconds(self) -> float:
+        """``MODEL_TIMEOUT_SECONDS``."""
+        ...
 
 
 def _secret(value: Any) -> str | None:
@@ -83,18 +133,63 @@ class ModelSettings:
         )
 
     @classmethod
-    def from_settings(cls, settings: object) -> ModelSettings:
-        """Read the fields from any settings-like object (``SecretStr`` values unwrapped)."""
+    def from_settings(cls, settings: ModelSettingsSource) -> ModelSettings:
+        """Read the fields from a settings object (``SecretStr`` values unwrapped).
+
+        ``TypeError`` for anything that is not a ``ModelSettingsSource`` (a dict is
+        one such mistake: it would otherwise be read as "nothing set").
+        """
         if isinstance(settings, ModelSettings):
             return settings
-        timeout = getattr(settings, "model_timeout_seconds", None)
+        if not isinstance(settings, ModelSettingsSource):
+            raise TypeError(
+                "model settings must be a ModelSettings or a settings object such as "
+                f"bot.config.Settings, not {type(settings).__name__}"
+            )
+        timeout = settings.model_timeout_seconds
         return cls(
-            openai_api_key=_secret(getattr(settings, "openai_api_key", None)),
-            openai_base_url=getattr(settings, "openai_base_url", None) or None,
-            gemini_api_key=_secret(getattr(settings, "gemini_api_key", None)),
-            ollama_base_url=getattr(settings, "ollama_base_url", None) or None,
-            default_model=getattr(settings, "default_model", None) or None,
-            model_timeout_seconds=float(timeout) if timeout else 60.0,
+            openai_api_key=_secret(settings.openai_api_key),
+            openai_base_url=settings.openai_base_url or None,
+            gemini_api_key=_secret(settings.gemini_api_key),
+            ollama_base_url=settings.ollama_base_url or None,
+            default_model=settings.default_model or None,
+            model_timeout_seconds=float(timeout) if timeout else _DEFAULT_TIMEOUT,
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ModelSettings:
+        """Read ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``, ``GEMINI_API_KEY``,
+        ``OLLAMA_BASE_URL``, ``DEFAULT_MODEL`` and ``MODEL_TIMEOUT_SECONDS``.
+
+        ``environ`` defaults to ``os.environ``; empty values count as unset. Only
+        the environment is read, not ``.env`` (the bot's ``Settings`` reads that).
+        A timeout that is not a positive number is a ``ConfigurationError``.
+        """
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        timeout = _DEFAULT_TIMEOUT
+        raw_timeout = get("MODEL_TIMEOUT_SECONDS")
+        if raw_timeout is not None:
+            try:
+                timeout = float(raw_timeout)
+            except ValueError:
+                timeout = math.nan
+            if not timeout > 0 or math.isinf(timeout):
+                raise ConfigurationError(
+                    f"MODEL_TIMEOUT_SECONDS: {raw_timeout!r} is not a positive number of seconds",
+                    setting="MODEL_TIMEOUT_SECONDS",
+                )
+        return cls(
+            openai_api_key=get("OPENAI_API_KEY"),
+            openai_base_url=get("OPENAI_BASE_URL"),
+            gemini_api_key=get("GEMINI_API_KEY"),
+            ollama_base_url=get("OLLAMA_BASE_URL"),
+            default_model=get("DEFAULT_MODEL"),
+            model_timeout_seconds=timeout,
         )
 
 
@@ -186,6 +281,12 @@ class ModelRouter:
         key = (route.base_url, route.api_key)
         client = self._clients.get(key)
         if client is None:
+            # Deferred: the SDK import is the slowest part of start-up (module docstring).
+            from bot.core.models.openai_compat import (
+                OpenAICompatibleModel,
+                gemini_compatible_schema,
+            )
+
             options: dict[str, Any] = {"total_timeout": self.settings.model_timeout_seconds}
             if route.provider == "gemini":
                 options["schema_transform"] = gemini_compatible_schema
@@ -202,7 +303,7 @@ class ModelRouter:
             await client.aclose()
 
 
-def resolve_model(name: str, settings: object | None = None) -> tuple[ChatModel, str]:
+def resolve_model(name: str, settings: ModelSettingsSource | None = None) -> tuple[ChatModel, str]:
     """Resolve one model name with a fresh client (a ``ModelRouter`` shares clients)."""
     model_settings = ModelSettings.from_settings(settings) if settings is not None else None
     return ModelRouter(model_settings).resolve(name)

@@ -1,0 +1,184 @@
+"""Helpers for testing your agents: a scripted model and an in-process platform adapter.
+
+``ScriptedModel`` answers a ``Runner`` from a script and records every request,
+so an agent's tools, handoffs and rollback can be tested without a provider::
+
+    model = ScriptedModel([ScriptedModel.call("check_order_status", order_id="1001"),
+                           ScriptedModel.reply("It ships tomorrow.")])
+    async with Runner(orders, model=model) as runner:
+        result = await runner.run_async("test-1", "where is my order?")
+
+``FakeAdapter`` stands in for Telegram or WhatsApp in front of a ``Gateway``:
+``deliver(make_event("hi"))`` hands it an inbound message, ``wait_for_sent``
+waits for the replies, and ``fail_next`` makes sends fail. Chatflow's own
+gateway tests use these same classes.
+
+This module is imported on its own (``import bot`` does not load it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from starlette.routing import BaseRoute
+
+from bot.core.models.scripted import RecordedCall, ScriptedModel, ScriptExhaustedError, Step
+from bot.errors import PlatformError
+from bot.gateway.events import ChatType, MessageEvent, SessionSource
+from bot.platforms.base import EventHandler, SendResult
+
+__all__ = [
+    "FakeAdapter",
+    "RecordedCall",
+    "ScriptExhaustedError",
+    "ScriptedModel",
+    "Sent",
+    "Step",
+    "make_event",
+    "transient",
+]
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Sent:
+    """One message the gateway sent through the fake."""
+
+    chat_id: str
+    """The chat it went to (the event's raw ``chat_id``)."""
+    text: str
+    """The text, as the gateway formatted it."""
+    thread_id: str | None
+    """Topic or thread, when the event had one."""
+    reply_to: str | None
+    """Platform id of the message it quotes."""
+
+
+@dataclass
+class FakeAdapter:
+    """A ``PlatformAdapter`` that records sends; ``fail_next`` queues errors for the next sends."""
+
+    name: str = "fake"
+    """Platform name (in session keys and ledger rows)."""
+    max_text_len: int = 4096
+    """Longest text one message may carry."""
+    connected_on_start: bool = True
+    """Whether ``start`` leaves it connected (False: the ledger keeps replies owed)."""
+    sent: list[Sent] = field(default_factory=list)
+    """Every message sent, in order."""
+    fail_next: list[Exception] = field(default_factory=list)
+    """Errors the next sends raise, one each, e.g. ``transient()``."""
+    typing: int = 0
+    """How many times the gateway showed "typing"."""
+    _on_event: EventHandler | None = None
+    _connected: bool = False
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    @property
+    def is_connected(self) -> bool:
+        """True between ``start`` (when ``connected_on_start``) and ``stop``."""
+        return self._connected
+
+    async def start(self, on_event: EventHandler) -> None:
+        """Keep the gateway's entry point for ``deliver``."""
+        self._on_event = on_event
+        self._connected = self.connected_on_start
+
+    async def stop(self) -> None:
+        """Disconnect."""
+        self._connected = False
+
+    async def deliver(self, event: MessageEvent) -> bool:
+        """Hand an inbound event to the gateway as a platform would.
+
+        Returns once it is durably accepted (``True``) or judged a duplicate or
+        ignored (``False``); the turn runs afterwards, so wait with ``wait_for_sent``.
+        """
+        assert self._on_event is not None, "adapter not started (call gateway.start())"
+        return await self._on_event(event)
+
+    async def send(
+        self,
+        chat_id: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """Record the message, or raise the next error of ``fail_next``."""
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        async with self._changed:
+            self.sent.append(Sent(chat_id, text, thread_id, reply_to))
+            self._changed.notify_all()
+        return SendResult(message_ids=[f"out-{next(_ids)}"])
+
+    async def indicate_typing(self, event: MessageEvent) -> None:
+        """Count the call."""
+        self.typing += 1
+
+    def format_reply(self, text: str, agent_name: str) -> str:
+        """Return ``text`` unchanged."""
+        return text
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """No HTTP routes."""
+        return []
+
+    # A default deadline on purpose: a test whose reply never comes fails in
+    # seconds with a TimeoutError instead of hanging until the suite's timeout.
+    async def wait_for_sent(self, count: int, timeout: float = 10.0) -> list[Sent]:  # noqa: ASYNC109
+        """Wait until at least ``count`` messages were sent; return all of them.
+
+        ``TimeoutError`` after ``timeout`` seconds.
+        """
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), timeout)
+        return list(self.sent)
+
+
+def make_event(
+    text: str = "hello",
+    *,
+    message_id: str | None = None,
+    platform: str = "fake",
+    chat_id: str = "chat-1",
+    sender_id: str = "user-1",
+    chat_type: ChatType = "dm",
+    thread_id: str | None = None,
+    mentions_bot: bool = False,
+    command: str | None = None,
+    media_kind: str | None = None,
+) -> MessageEvent:
+    """An inbound text event for ``FakeAdapter``; each call gets a fresh message id.
+
+    Pass the same ``message_id`` twice to simulate a platform redelivery.
+    """
+    n = next(_ids)
+    return MessageEvent(
+        platform=platform,
+        message_id=message_id or f"{platform}:{chat_id}:{n}",
+        platform_message_id=str(n),
+        source=SessionSource(
+            platform=platform,
+            chat_id=chat_id,
+            chat_type=chat_type,
+            sender_id=sender_id,
+            thread_id=thread_id,
+        ),
+        text=text,
+        mentions_bot=mentions_bot,
+        command=command,
+        media_kind=media_kind,
+    )
+
+
+def transient(
+    message: str = "flaky", *, retry_after: float | None = None, platform: str = "fake"
+) -> PlatformError:
+    """A retryable platform error, for ``FakeAdapter.fail_next``."""
+    return PlatformError(message, platform=platform, retryable=True, retry_after=retry_after)

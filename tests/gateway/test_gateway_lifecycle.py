@@ -1,0 +1,361 @@
+"""Start-up, shutdown and the reply path's edges (issue 13: B4-B8, S2-S6)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import bot.gateway.instances as instances_module
+from bot.config import Settings
+from bot.core.agent import Agent
+from bot.core.memory import Transaction
+from bot.core.models.base import ModelResponse
+from bot.core.models.scripted import ScriptedModel
+from bot.core.runner import Runner
+from bot.core.sqlite_store import SQLiteSessionStore
+from bot.errors import PlatformError, StorageError
+from bot.gateway import gateway as gateway_module
+from bot.gateway.gateway import Gateway, Replies
+from bot.gateway.keys import session_id_for
+from bot.gateway.ledger import RECOVERED_MARKER, DeliveryLedger, Obligation, Owner
+from bot.platforms.base import SendResult
+from tests.fakes.adapter import FakeAdapter, make_event
+from tests.gateway.conftest import SECRET, Rig
+
+
+def _gateway(store: SQLiteSessionStore, adapter: FakeAdapter, model: ScriptedModel) -> Gateway:
+    runner = Runner(Agent(name="Helper", instructions=""), store, model=model)
+    return Gateway(runner, store, [adapter], Settings(), secret=SECRET)
+
+
+def _sample(gateway: Gateway, name: str, **labels: str) -> float:
+    value = gateway.metrics.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+class GatedAdapter(FakeAdapter):
+    """Sends only once ``release`` is set (a slow platform)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def send(
+        self,
+        chat_id: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        await self.release.wait()
+        return await super().send(chat_id, text, thread_id=thread_id, reply_to=reply_to)
+
+
+async def _owe(store: SQLiteSessionStore, count: int) -> None:
+    """``count`` replies owed by a process that died (another pid, never alive)."""
+    ledger = DeliveryLedger(store, owner=Owner(999_999, "dead"))
+    async with store.transaction() as tx:
+        for n in range(count):
+            await ledger.record_in(
+                tx,
+                Obligation.owed(
+                    obligation_id=f"owed{n:04d}",
+                    session_key=f"agent:main:fake:dm:chat_{n}",
+                    session_id=f"fake-{n:016x}",
+                    platform="fake",
+                    chat_id=f"chat-{n}",
+                    thread_id=None,
+                    reply_to=None,
+                    content=f"owed reply {n}",
+                    message_ref=f"fake:{n}",
+                ),
+            )
+
+
+async def test_start_returns_before_the_backlog_is_resent(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(str(tmp_path / "c.db"))
+    await _owe(store, 20)
+    adapter = GatedAdapter()
+    gateway = _gateway(store, adapter, ScriptedModel())
+    try:
+        # Every send blocks until released: start() must not wait for any of them.
+        await asyncio.wait_for(gateway.start(), 5)
+        assert adapter.sent == []
+        adapter.release.set()
+        await gateway.wait_ready()
+        sent = await adapter.wait_for_sent(20)
+        assert sorted(s.text for s in sent) == sorted(f"owed reply {n}" for n in range(20))
+        assert await gateway._dispatcher.drain(5)
+        assert (await gateway.ledger.status()).get("delivered") == 20
+    finally:
+        await gateway.stop(grace=1)
+        await store.close()
+
+
+async def test_new_messages_are_accepted_while_the_backlog_drains(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(str(tmp_path / "c.db"))
+    await _owe(store, 3)
+    adapter = GatedAdapter()
+    model = ScriptedModel([ScriptedModel.reply("fresh")])
+    gateway = _gateway(store, adapter, model)
+    try:
+        await gateway.start()
+        assert await adapter.deliver(make_event("hi", chat_id="new-chat"))
+        adapter.release.set()
+        sent = await adapter.wait_for_sent(4)
+        assert {s.text for s in sent} >= {"fresh", "owed reply 0"}
+    finally:
+        await gateway.stop(grace=1)
+        await store.close()
+
+
+async def test_no_turn_runs_after_stop_returned(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(str(tmp_path / "c.db"))
+    adapter = FakeAdapter()
+    model = ScriptedModel([ScriptedModel.reply("late")])
+    gateway = _gateway(store, adapter, model)
+    await gateway.start()
+    await gateway.wait_ready()
+    delivery = asyncio.create_task(adapter.deliver(make_event("hi")))
+    await asyncio.sleep(0)  # the event is past the accepting check, inside tx 1
+    await gateway.stop(grace=5)
+    accepted = await delivery
+    in_flight = gateway._dispatcher.in_flight
+    requests_at_stop = len(model.requests)
+    await store.close()
+    # Either the turn ran (and answered) inside stop(), or it was left to recovery.
+    assert in_flight == 0
+    assert requests_at_stop == len(adapter.sent)
+    assert accepted
+
+
+async def test_a_sent_reply_whose_outcome_was_not_recorded_is_resent_marked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "c.db")
+    store = SQLiteSessionStore(path)
+    adapter = FakeAdapter()
+    gateway = _gateway(store, adapter, ScriptedModel([ScriptedModel.reply("Refund on its way.")]))
+    await gateway.start()
+    await gateway.wait_ready()
+
+    class Locked:
+        """Every transaction of the ledger's own fails (tx 2 is the turn's, and lands)."""
+
+        async def __aenter__(self) -> Transaction:
+            raise StorageError("database is locked")
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(gateway.ledger, "_tx", Locked)
+    await adapter.deliver(make_event("refund?"))
+    await adapter.wait_for_sent(1)
+    await gateway.stop(grace=5)
+    await store.close()
+    # A restart: same pid, new instance id.
+    monkeypatch.setattr(instances_module, "_current_owner", None)
+    store2 = SQLiteSessionStore(path)
+    adapter2 = FakeAdapter()
+    gateway2 = _gateway(store2, adapter2, ScriptedModel())
+    try:
+        await gateway2.start()
+        sent = await adapter2.wait_for_sent(1)
+        assert sent[0].text == RECOVERED_MARKER + "Refund on its way."
+    finally:
+        await gateway2.stop(grace=1)
+        await store2.close()
+
+
+@pytest.mark.parametrize(
+    "content", [pytest.param("", id="empty"), pytest.param(" \n\t", id="whitespace")]
+)
+async def test_a_blank_answer_gets_the_apology_not_silence(
+    rigs: Callable[..., object], content: str
+) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    rig.model.add(ModelResponse(content=content))
+    event = make_event("hello")
+    await rig.adapter.deliver(event)
+    sent = await rig.adapter.wait_for_sent(1)
+    assert sent[0].text == Replies().apology
+    assert await rig.gateway._dispatcher.drain(5)
+    status = await rig.gateway.ledger.status()
+    assert status["delivered"] == 1 and sum(status.values()) == 1
+    # The failed turn left nothing behind (not even the user's message).
+    session = await rig.store.get(session_id_for(rig.gateway.session_key_for(event)))
+    assert session is None or session.history == []
+
+
+async def test_queued_gauge_falls_back_to_zero(rigs: Callable[..., object]) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    rig.model.add(*(ScriptedModel.reply(f"a{n}") for n in range(5)))
+    for n in range(5):
+        await rig.adapter.deliver(make_event(f"q{n}"))
+    await rig.adapter.wait_for_sent(5)
+    assert await rig.gateway._dispatcher.drain(5)
+    assert _sample(rig.gateway, "chatflow_queued_messages") == 0.0
+
+
+async def test_every_abandonment_is_counted(rigs: Callable[..., object], tmp_path: Path) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    # A permanent send error abandons the reply ...
+    rig.adapter.fail_next.append(
+        PlatformError("blocked by the user", platform="fake", retryable=False)
+    )
+    rig.model.add(ScriptedModel.reply("never arrives"))
+    await rig.adapter.deliver(make_event("hi"))
+    assert await rig.gateway._dispatcher.drain(5)
+    assert _sample(rig.gateway, "chatflow_abandoned_total", platform="fake") == 1.0
+    # ... and so does the sweep, for a row a dead process left out of attempts.
+    await _owe(rig.store, 1)
+    async with rig.store.transaction() as tx:
+        await tx.execute(
+            "UPDATE chatflow_delivery_obligations SET state = 'failed', attempts = 3 "
+            "WHERE obligation_id = 'owed0000'"
+        )
+    assert await rig.gateway.retry_due(sweep=True) == 0
+    assert (await rig.gateway.ledger.get("owed0000")).state == "abandoned"  # type: ignore[union-attr]
+    assert _sample(rig.gateway, "chatflow_abandoned_total", platform="fake") == 2.0
+
+
+async def test_allowed_chats_match_a_migrated_group_by_its_old_id(
+    rigs: Callable[..., object],
+) -> None:
+    rig: Rig = await rigs(  # type: ignore[misc]
+        allowed_chats=frozenset({"-100"}), group_answer_all_chats=frozenset({"-100"})
+    )
+    migration = replace(
+        make_event("", chat_type="group", chat_id="-100200"), migrate_from_chat_id="-100"
+    )
+    assert not await rig.adapter.deliver(migration)
+    rig.model.add(ScriptedModel.reply("still here"))
+    assert await rig.adapter.deliver(make_event("hello all", chat_type="group", chat_id="-100200"))
+    assert (await rig.adapter.wait_for_sent(1))[0].text == "still here"
+
+
+class FlakyStartAdapter(FakeAdapter):
+    """Its platform is unreachable for the first ``failures`` starts."""
+
+    def __init__(self, name: str, failures: int) -> None:
+        super().__init__(name=name)
+        self.failures = failures
+        self.started = asyncio.Event()
+
+    async def start(self, on_event: object) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise PlatformError("unreachable", platform=self.name, retryable=True)
+        await super().start(on_event)  # type: ignore[arg-type]
+        self.started.set()
+
+
+async def test_an_unreachable_platform_at_boot_does_not_stop_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gateway_module, "ADAPTER_START_BACKOFF", (0.01,))
+    store = SQLiteSessionStore(str(tmp_path / "c.db"))
+    down = FlakyStartAdapter("telegram", failures=2)
+    up = FakeAdapter(name="whatsapp")
+    runner = Runner(
+        Agent(name="Helper", instructions=""),
+        store,
+        model=ScriptedModel([ScriptedModel.reply("hi"), ScriptedModel.reply("hi again")]),
+    )
+    gateway = Gateway(runner, store, [down, up], Settings(), secret=SECRET)
+    try:
+        await gateway.start()
+        await gateway.wait_ready()
+        assert up.is_connected and not down.is_connected
+        assert await up.deliver(make_event("hello", platform="whatsapp"))
+        await up.wait_for_sent(1)
+        await asyncio.wait_for(down.started.wait(), 5)
+        assert await down.deliver(make_event("hello", platform="telegram"))
+        await down.wait_for_sent(1)
+    finally:
+        await gateway.stop(grace=1)
+        await store.close()
+
+
+async def test_a_wrong_setting_at_boot_still_stops_start_up(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(str(tmp_path / "c.db"))
+
+    class Refused(FakeAdapter):
+        async def start(self, on_event: object) -> None:
+            raise PlatformError(
+                "Unauthorized: check TELEGRAM_BOT_TOKEN", platform="fake", retryable=False
+            )
+
+    gateway = _gateway(store, Refused(), ScriptedModel())
+    try:
+        with pytest.raises(PlatformError, match="TELEGRAM_BOT_TOKEN"):
+            await gateway.start()
+    finally:
+        await gateway.stop(grace=1)
+        await store.close()
+
+
+async def test_adapter_stop_errors_are_logged(
+    rigs: Callable[..., object], caplog: pytest.LogCaptureFixture
+) -> None:
+    class BadStop(FakeAdapter):
+        async def stop(self) -> None:
+            raise RuntimeError("socket already closed")
+
+    rig: Rig = await rigs(adapter=BadStop())  # type: ignore[misc]
+    with caplog.at_level(logging.WARNING, logger="bot.gateway.gateway"):
+        await rig.gateway.stop(grace=1)
+    assert any("did not stop cleanly" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_message_that_always_fails_tx1_is_dropped_after_the_poison_limit(
+    rigs: Callable[..., object],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    real_accept = rig.gateway.inbox.accept
+    poison = make_event("bad", chat_id="poison-chat")
+
+    async def accept(event: object, **kwargs: str) -> bool:
+        if getattr(event, "message_id", None) == poison.message_id:
+            raise ValueError("a bug that this message always triggers")
+        return await real_accept(event, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rig.gateway.inbox, "accept", accept)
+    for _ in range(gateway_module.MAX_ACCEPT_FAILURES - 1):
+        with pytest.raises(ValueError, match="always triggers"):
+            await rig.adapter.deliver(poison)
+    with caplog.at_level(logging.ERROR, logger="bot.gateway.gateway"):
+        # The platform can confirm it now; the chats behind it move on.
+        assert not await rig.adapter.deliver(poison)
+    assert any("dropped" in r.getMessage() for r in caplog.records)
+    assert all(poison.message_id not in r.getMessage() for r in caplog.records)
+    rig.model.add(ScriptedModel.reply("fine"))
+    assert await rig.adapter.deliver(make_event("ok", chat_id="other-chat"))
+    await rig.adapter.wait_for_sent(1)
+
+
+async def test_tx1_failures_during_an_outage_never_drop_the_message(
+    rigs: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    event = make_event("hello")
+
+    async def down(*args: object, **kwargs: object) -> bool:
+        raise StorageError("disk I/O error")
+
+    async def ping() -> None:
+        raise StorageError("disk I/O error")
+
+    monkeypatch.setattr(rig.gateway.inbox, "accept", down)
+    monkeypatch.setattr(rig.store, "ping", ping)
+    for _ in range(gateway_module.MAX_ACCEPT_FAILURES * 2):
+        with pytest.raises(StorageError):
+            await rig.adapter.deliver(event)
