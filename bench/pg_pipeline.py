@@ -40,11 +40,11 @@ from bot.core.messages import Message  # noqa: E402
 from bot.core.models.base import ModelResponse, ToolSpec  # noqa: E402
 from bot.core.postgres_store import PostgresSessionStore  # noqa: E402
 from bot.core.runner import Runner  # noqa: E402
+from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult  # noqa: E402
 from bot.gateway.events import MessageEvent, SessionSource  # noqa: E402
 from bot.gateway.gateway import Gateway  # noqa: E402
 from bot.gateway.instances import InstanceRegistry  # noqa: E402
 from bot.gateway.keys import load_or_create_shared_secret  # noqa: E402
-from bot.platforms.base import EventHandler, SendResult  # noqa: E402
 
 SESSIONS = 48
 """Clients in all (split over the processes)."""
@@ -61,7 +61,7 @@ class InstantModel:
         return ModelResponse(content="Sure, done.")
 
 
-class LoopAdapter:
+class LoopAdapter(PlatformAdapter):
     """Events straight into the gateway; a send resolves the client's waiter."""
 
     name = "bench"

@@ -50,9 +50,9 @@ from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
+from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
-from bot.platforms.base import EventHandler, SendResult
 
 NAME = "pipeline"
 LEVELS = (1, 10, 100)
@@ -63,7 +63,7 @@ PROBE_MESSAGES = 3000
 PROBE_SESSIONS = 10
 
 
-class BenchAdapter:
+class BenchAdapter(PlatformAdapter):
     """An in-process platform: events go straight to the gateway, sends resolve waiters."""
 
     name = "bench"

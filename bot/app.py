@@ -25,11 +25,11 @@ from bot.core.models.routing import ModelSettings, default_model_name
 from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import ChatflowError, ConfigurationError
+from bot.gateway.contract import PlatformAdapter
 from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.metrics import Metrics
-from bot.platforms.base import PlatformAdapter
 from bot.server import HttpServer, build_app
 
 __all__ = [
@@ -272,9 +272,8 @@ class Bot:
                 await server.start()
             waiters = [asyncio.create_task(stop.wait())]
             for adapter in adapters:
-                closed = getattr(adapter, "closed", None)
-                if isinstance(closed, asyncio.Event):
-                    waiters.append(asyncio.create_task(closed.wait()))
+                if adapter.closed is not None:
+                    waiters.append(asyncio.create_task(adapter.closed.wait()))
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             for waiter in waiters:
                 waiter.cancel()

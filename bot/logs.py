@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sys
 from datetime import UTC, datetime
 from typing import Literal
 
-__all__ = ["JsonFormatter", "configure_logging", "quiet_console_logs"]
+__all__ = ["JsonFormatter", "configure_logging", "log_ref", "quiet_console_logs"]
 
 # httpx logs every request URL at INFO, and Telegram URLs carry the bot token.
 _QUIET = (
@@ -74,3 +75,16 @@ def quiet_console_logs() -> None:
     """
     for handler in logging.getLogger().handlers:
         handler.setLevel(max(handler.level, logging.WARNING))
+
+
+def log_ref(value: str, prefix: str = "msg") -> str:
+    """A log-safe stand-in for an external id: ``<prefix>_<12hex>``.
+
+    Message ids embed phone numbers or chat ids (a WhatsApp wamid is base64
+    around the sender's number), and user and chat ids often are phone numbers,
+    so logs carry this instead. It is unkeyed so that every process, and a
+    reader holding only the raw id, computes the same reference; the price is
+    that a reference to a bare phone number can be reversed by enumerating
+    numbers, so prefer a message id's reference over a sender's.
+    """
+    return f"{prefix}_{hashlib.sha256(value.encode('utf-8')).hexdigest()[:12]}"

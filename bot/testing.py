@@ -27,8 +27,14 @@ from starlette.routing import BaseRoute
 
 from bot.core.models.scripted import RecordedCall, ScriptedModel, ScriptExhaustedError, Step
 from bot.errors import PlatformError
-from bot.gateway.events import ChatType, MessageEvent, SessionSource
-from bot.platforms.base import EventHandler, SendResult
+from bot.gateway.contract import (
+    ChatType,
+    EventHandler,
+    MessageEvent,
+    PlatformAdapter,
+    SendResult,
+    SessionSource,
+)
 
 __all__ = [
     "FakeAdapter",
@@ -58,8 +64,8 @@ class Sent:
     """Platform id of the message it quotes."""
 
 
-@dataclass
-class FakeAdapter:
+@dataclass(eq=False)
+class FakeAdapter(PlatformAdapter):
     """A ``PlatformAdapter`` that records sends; ``fail_next`` queues errors for the next sends."""
 
     name: str = "fake"

@@ -1,80 +1,107 @@
-"""What a platform adapter hands the gateway: where a message comes from and what it says."""
+"""Inbound events: the contract's types (re-exported here under DESIGN.md's path),
+their JSON form for the inbox journal, and the UTF-8 safety every write needs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal
+import dataclasses
+import re
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
 
-__all__ = ["ChatType", "MessageEvent", "SessionSource"]
+from bot.gateway.contract import ChatType, MessageEvent, SessionSource
 
-ChatType = Literal["dm", "group", "channel"]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionSource:
-    """Where a message comes from. Raw ids: hash them before they reach a session table."""
-
-    platform: str
-    """Adapter name, e.g. ``"telegram"`` or ``"whatsapp"``."""
-    chat_id: str
-    """Raw platform chat id (a Telegram chat id, a WhatsApp ``wa_id`` or ``group_id``)."""
-    chat_type: ChatType
-    """``dm``, ``group`` or ``channel``."""
-    sender_id: str
-    """Raw platform id of the person who wrote."""
-    thread_id: str | None = None
-    """Topic or thread inside the chat (Telegram forum topic, Google-Chat thread)."""
-    chat_name: str | None = None
-    """Display name of the chat, for humans only."""
-    sender_name: str | None = None
-    """Display name of the sender, for humans only."""
-
-    def __post_init__(self) -> None:
-        if self.chat_type not in ("dm", "group", "channel"):
-            raise ValueError(f"chat_type must be dm, group or channel, not {self.chat_type!r}")
-        if not self.platform or not self.chat_id or not self.sender_id:
-            raise ValueError("platform, chat_id and sender_id must be non-empty")
+__all__ = [
+    "ChatType",
+    "MessageEvent",
+    "SessionSource",
+    "encodable",
+    "event_from_dict",
+    "event_to_dict",
+]
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
+def event_to_dict(event: MessageEvent) -> dict[str, Any]:
+    """A JSON-ready dict of ``event`` without its ``raw`` platform payload."""
+    data: dict[str, Any] = {}
+    for f in dataclasses.fields(event):
+        if f.name == "raw":
+            continue
+        value = getattr(event, f.name)
+        if f.name == "source":
+            value = dataclasses.asdict(value)
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        data[f.name] = value
+    return data
 
 
-@dataclass(frozen=True, slots=True)
-class MessageEvent:
-    """One inbound message, normalised by an adapter."""
+def event_from_dict(data: dict[str, Any]) -> MessageEvent:
+    """Rebuild a ``MessageEvent`` from ``event_to_dict``'s output (``raw`` comes back empty).
 
-    platform: str
-    """Adapter name."""
-    message_id: str
-    """Platform-unique dedup id (``telegram:<chat>:<msg>``, a WhatsApp ``wamid``)."""
-    source: SessionSource
-    """Where it comes from."""
-    text: str
-    """The text (or caption) with the bot's own mention stripped."""
-    platform_message_id: str | None = None
-    """The platform's own id of this message (Telegram ``message_id``, WhatsApp wamid);
-    the answer quotes it."""
-    reply_to_id: str | None = None
-    """Platform id of the message this one replies to, if it is a reply."""
-    replies_to_bot: bool = False
-    """True when it replies to one of the bot's own messages."""
-    mentions_bot: bool = False
-    """True when it @mentions the bot (entity-based, not a substring)."""
-    command: str | None = None
-    """Bot command addressed to this bot, without slash or ``@bot`` (``"start"``)."""
-    media_kind: str | None = None
-    """Kind of attachment (``photo``, ``voice``...) when the message carries one."""
-    timestamp: datetime = field(default_factory=_now)
-    """When the platform says it was sent."""
-    migrate_from_chat_id: str | None = None
-    """Set on a notice that this chat replaced another (Telegram group -> supergroup);
-    such an event carries no text and starts no turn."""
-    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    """The platform payload, kept for adapters; never logged."""
+    Unknown keys are ignored so rows written by a newer version still load.
+    """
+    names = {f.name for f in dataclasses.fields(MessageEvent)} - {"raw"}
+    kwargs = {k: v for k, v in data.items() if k in names}
+    source_names = {f.name for f in dataclasses.fields(SessionSource)}
+    kwargs["source"] = SessionSource(
+        **{k: v for k, v in dict(data["source"]).items() if k in source_names}
+    )
+    if isinstance(kwargs.get("timestamp"), str):
+        kwargs["timestamp"] = datetime.fromisoformat(kwargs["timestamp"])
+    return MessageEvent(**kwargs)
 
-    @property
-    def addressed(self) -> bool:
-        """Whether the message is clearly meant for the bot in a group."""
-        return self.mentions_bot or self.replies_to_bot or self.command is not None
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(value: str) -> str:
+    return _LONE_SURROGATE.sub("\ufffd", value)
+
+
+def _clean_opt(value: str | None) -> str | None:
+    return None if value is None else _clean(value)
+
+
+def encodable(event: MessageEvent) -> MessageEvent:
+    """``event`` with lone surrogates replaced by U+FFFD.
+
+    JSON may carry an unpaired ``\\ud800`` escape; such a string cannot be
+    encoded as UTF-8, so it would fail every write (SQLite, logs, the model's
+    HTTP body) and, refused again at each redelivery, block its chat for good.
+    """
+    source = event.source
+    values = (
+        event.message_id,
+        event.text,
+        event.platform_message_id,
+        event.reply_to_id,
+        event.command,
+        event.media_kind,
+        event.migrate_from_chat_id,
+        source.chat_id,
+        source.sender_id,
+        source.thread_id,
+        source.chat_name,
+        source.sender_name,
+    )
+    if not any(v is not None and _LONE_SURROGATE.search(v) for v in values):
+        return event
+    return replace(
+        event,
+        message_id=_clean(event.message_id),
+        text=_clean(event.text),
+        platform_message_id=_clean_opt(event.platform_message_id),
+        reply_to_id=_clean_opt(event.reply_to_id),
+        command=_clean_opt(event.command),
+        media_kind=_clean_opt(event.media_kind),
+        migrate_from_chat_id=_clean_opt(event.migrate_from_chat_id),
+        source=replace(
+            source,
+            chat_id=_clean(source.chat_id),
+            sender_id=_clean(source.sender_id),
+            thread_id=_clean_opt(source.thread_id),
+            chat_name=_clean_opt(source.chat_name),
+            sender_name=_clean_opt(source.sender_name),
+        ),
+    )

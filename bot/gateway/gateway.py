@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from bot.config import Settings
@@ -28,14 +27,14 @@ from bot.core.memory import BaseSessionStore, Transaction
 from bot.core.runner import Runner, RunResult
 from bot.errors import ChatflowError, PlatformError
 from bot.gateway.aliases import ChatAliases
+from bot.gateway.contract import PlatformAdapter, StatusFailedHandler
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
-from bot.gateway.events import MessageEvent
+from bot.gateway.events import MessageEvent, encodable
 from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import build_session_key, log_ref, session_id_for
 from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
 from bot.metrics import Metrics
-from bot.platforms.base import PlatformAdapter
 
 __all__ = ["Gateway", "Replies"]
 
@@ -58,60 +57,6 @@ MAX_ACCEPT_FAILURES = 5
 as poison (logged) so the platform stops offering it and the chats behind it move."""
 ADAPTER_START_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Seconds between tries to start an adapter whose platform was unreachable."""
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _clean(value: str) -> str:
-    return _LONE_SURROGATE.sub("\ufffd", value)
-
-
-def _clean_opt(value: str | None) -> str | None:
-    return None if value is None else _clean(value)
-
-
-def _encodable(event: MessageEvent) -> MessageEvent:
-    """``event`` with lone surrogates replaced by U+FFFD.
-
-    JSON may carry an unpaired ``\\ud800`` escape; such a string cannot be
-    encoded as UTF-8, so it would fail every write (SQLite, logs, the model's
-    HTTP body) and, refused again at each redelivery, block its chat for good.
-    """
-    source = event.source
-    values = (
-        event.message_id,
-        event.text,
-        event.platform_message_id,
-        event.reply_to_id,
-        event.command,
-        event.media_kind,
-        event.migrate_from_chat_id,
-        source.chat_id,
-        source.sender_id,
-        source.thread_id,
-        source.chat_name,
-        source.sender_name,
-    )
-    if not any(v is not None and _LONE_SURROGATE.search(v) for v in values):
-        return event
-    return replace(
-        event,
-        message_id=_clean(event.message_id),
-        text=_clean(event.text),
-        platform_message_id=_clean_opt(event.platform_message_id),
-        reply_to_id=_clean_opt(event.reply_to_id),
-        command=_clean_opt(event.command),
-        media_kind=_clean_opt(event.media_kind),
-        migrate_from_chat_id=_clean_opt(event.migrate_from_chat_id),
-        source=replace(
-            source,
-            chat_id=_clean(source.chat_id),
-            sender_id=_clean(source.sender_id),
-            thread_id=_clean_opt(source.thread_id),
-            chat_name=_clean_opt(source.chat_name),
-            sender_name=_clean_opt(source.sender_name),
-        ),
-    )
 
 
 @dataclass(frozen=True)
@@ -224,7 +169,7 @@ class Gateway:
         await self.aliases.open()
         self._accepting = True
         for adapter in self._adapters.values():
-            if hasattr(adapter, "on_status_failed") and adapter.on_status_failed is None:
+            if adapter.on_status_failed is None:
                 adapter.on_status_failed = self._status_failed_handler(adapter.name)
             if not await self._start_adapter(adapter, first=True):
                 self._starters.append(asyncio.create_task(self._keep_starting(adapter)))
@@ -418,7 +363,7 @@ class Gateway:
 
     async def _on_event(self, event: MessageEvent) -> bool:
         """Adapter entry point: returns once the event is durably accepted or judged not ours."""
-        event = _encodable(event)
+        event = encodable(event)
         platform = event.platform
         if not self._accepting:
             raise DispatcherBusyError("the bot is shutting down", retry_after=5.0)
@@ -520,7 +465,7 @@ class Gateway:
         waiting = self._waiting_turns + self._admitting
         return waiting < self.settings.max_queued_messages
 
-    def _status_failed_handler(self, platform: str) -> Callable[[str, str], Awaitable[None]]:
+    def _status_failed_handler(self, platform: str) -> StatusFailedHandler:
         async def handler(platform_message_id: str, error: str) -> None:
             # The ledger logs it against its obligation and keeps the error on the row.
             await self.ledger.status_failed(platform_message_id, error, platform=platform)

@@ -21,17 +21,16 @@ pruned after ``RETENTION``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from bot.core.memory import BaseSessionStore, Transaction
 from bot.errors import StorageError
-from bot.gateway.events import MessageEvent, SessionSource
+from bot.gateway.events import MessageEvent, event_from_dict, event_to_dict
 from bot.gateway.instances import Owner
 from bot.gateway.keys import log_ref
 from bot.gateway.schema import ensure_schema
@@ -92,37 +91,6 @@ def _epoch(moment: datetime) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
-
-
-def event_to_dict(event: MessageEvent) -> dict[str, Any]:
-    """A JSON-ready dict of ``event`` without its ``raw`` platform payload."""
-    data: dict[str, Any] = {}
-    for f in dataclasses.fields(event):
-        if f.name == "raw":
-            continue
-        value = getattr(event, f.name)
-        if f.name == "source":
-            value = dataclasses.asdict(value)
-        elif isinstance(value, datetime):
-            value = value.isoformat()
-        data[f.name] = value
-    return data
-
-
-def event_from_dict(data: dict[str, Any]) -> MessageEvent:
-    """Rebuild a ``MessageEvent`` from ``event_to_dict``'s output (``raw`` comes back empty).
-
-    Unknown keys are ignored so rows written by a newer version still load.
-    """
-    names = {f.name for f in dataclasses.fields(MessageEvent)} - {"raw"}
-    kwargs = {k: v for k, v in data.items() if k in names}
-    source_names = {f.name for f in dataclasses.fields(SessionSource)}
-    kwargs["source"] = SessionSource(
-        **{k: v for k, v in dict(data["source"]).items() if k in source_names}
-    )
-    if isinstance(kwargs.get("timestamp"), str):
-        kwargs["timestamp"] = datetime.fromisoformat(kwargs["timestamp"])
-    return MessageEvent(**kwargs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from bot.core.paths import is_path_unsafe, is_session_key_unsafe
 from bot.errors import ConfigurationError, StorageError
 from bot.gateway.events import SessionSource
 from bot.gateway.schema import ensure_schema
+from bot.logs import log_ref
 
 __all__ = [
     "KEY_PREFIX",
@@ -72,19 +73,6 @@ def hash_id(value: str, secret: bytes | None = None) -> str:
     if secret is None:
         return hashlib.sha256(data).hexdigest()[:12]
     return hmac.new(secret, data, hashlib.sha256).hexdigest()[:12]
-
-
-def log_ref(value: str, prefix: str = "msg") -> str:
-    """A log-safe stand-in for an external id: ``<prefix>_<12hex>``.
-
-    Message ids embed phone numbers or chat ids (a WhatsApp wamid is base64
-    around the sender's number), and user and chat ids often are phone numbers,
-    so logs carry this instead. It is unkeyed so that every process, and a
-    reader holding only the raw id, computes the same reference; the price is
-    that a reference to a bare phone number can be reversed by enumerating
-    numbers, so prefer a message id's reference over a sender's.
-    """
-    return f"{prefix}_{hash_id(value)}"
 
 
 def hash_sender_id(value: str, secret: bytes | None = None) -> str:

@@ -32,8 +32,13 @@ from uuid import uuid4
 from starlette.routing import BaseRoute
 
 from bot.errors import PlatformError
-from bot.gateway.events import MessageEvent, SessionSource
-from bot.platforms.base import EventHandler, SendResult
+from bot.gateway.contract import (
+    EventHandler,
+    MessageEvent,
+    PlatformAdapter,
+    SendResult,
+    SessionSource,
+)
 from bot.platforms.text import split_text
 
 __all__ = [
@@ -85,7 +90,7 @@ class TextOutput(Protocol):
         ...
 
 
-class ConsoleAdapter:
+class ConsoleAdapter(PlatformAdapter):
     """A ``PlatformAdapter`` for a local terminal (or any pair of text streams).
 
     Args:
@@ -98,6 +103,8 @@ class ConsoleAdapter:
     """Platform name used in session keys and ledger rows."""
     max_text_len: int = 1_000_000
     """A terminal has no message size limit; this only bounds one write."""
+    closed: asyncio.Event
+    """Set at the end of input (Ctrl-D, or the end of piped text): the bot stops."""
 
     def __init__(
         self,

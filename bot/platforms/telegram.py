@@ -65,9 +65,15 @@ from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ExtBot
 from telegram.request import BaseRequest, HTTPXRequest, RequestData
 
 from bot.errors import ChatflowError, ConfigurationError, PlatformError
-from bot.gateway.events import ChatType, MessageEvent, SessionSource
-from bot.gateway.keys import log_ref
-from bot.platforms.base import EventHandler, SendResult
+from bot.gateway.contract import (
+    ChatType,
+    EventHandler,
+    MessageEvent,
+    PlatformAdapter,
+    SendResult,
+    SessionSource,
+)
+from bot.logs import log_ref
 from bot.platforms.text import split_text, utf16_len
 
 __all__ = [
@@ -537,7 +543,7 @@ def _parse_reply_to(reply_to: str) -> int:
     return int(reply_to.rsplit(":", 1)[-1])
 
 
-class TelegramAdapter:
+class TelegramAdapter(PlatformAdapter):
     """The Telegram side of the gateway (see the module docstring).
 
     Mode: long polling unless ``webhook_url`` is set; then ``start`` registers

@@ -41,9 +41,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from bot.errors import ChatflowError, ConfigurationError, PlatformError
-from bot.gateway.events import MessageEvent
-from bot.gateway.keys import log_ref
-from bot.platforms.base import EventHandler, SendResult
+from bot.gateway.contract import EventHandler, MessageEvent, PlatformAdapter, SendResult
+from bot.logs import log_ref
 from bot.platforms.text import split_text
 from bot.platforms.whatsapp_payload import (
     PLATFORM,
@@ -126,7 +125,7 @@ class _BodyTooLarge(Exception):
     pass
 
 
-class WhatsAppAdapter:
+class WhatsAppAdapter(PlatformAdapter):
     """WhatsApp Cloud API as a ``PlatformAdapter``.
 
     ``on_status_failed`` may be set by the gateway to learn about ``failed``

@@ -21,8 +21,8 @@ from typing import Any
 
 from pywa.types.others import MessageType
 
-from bot.gateway.events import ChatType, MessageEvent, SessionSource
-from bot.gateway.keys import log_ref
+from bot.gateway.contract import ChatType, MessageEvent, SessionSource
+from bot.logs import log_ref
 
 __all__ = [
     "IGNORED_TYPES",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,22 +12,10 @@ import pytest
 from bot.core.agent import Agent
 from bot.core.memory import BaseSessionStore, SessionStore
 from bot.core.sqlite_store import SQLiteSessionStore
+from tests.fakes.clock import FakeClock
 from tests.pgtest import fresh_schema
 
 STORE_KINDS = ("memory", "sqlite-file", "sqlite-memory", "postgres")
-
-
-class FakeClock:
-    """A wall clock the test moves by hand."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> None:
-        self.now += timedelta(**delta)
 
 
 StoreFactory = Callable[..., BaseSessionStore]

@@ -364,7 +364,7 @@ async def test_memory_store_placeholder_is_not_needed(
 
 
 async def test_purge_backlog_spreads_over_claims(agent: Agent) -> None:
-    from tests.core.conftest import FakeClock
+    from tests.fakes.clock import FakeClock
 
     clock = FakeClock()
     store = SessionStore(clock=clock, dedup_ttl_hours=1)

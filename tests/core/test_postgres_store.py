@@ -17,7 +17,7 @@ from bot.core.memory import SessionContext, Transaction
 from bot.core.messages import Message, Role
 from bot.core.postgres_store import SCHEMA_VERSION, PostgresSessionStore
 from bot.errors import SchemaVersionError, StorageError
-from tests.core.conftest import FakeClock
+from tests.fakes.clock import FakeClock
 from tests.pgtest import pg_dsn
 from tests.pgtest import wait_until as until
 

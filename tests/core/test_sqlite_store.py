@@ -16,7 +16,7 @@ from bot.core.memory import SessionDeletedError, Transaction
 from bot.core.messages import Message, Role, ToolCall
 from bot.core.sqlite_store import SCHEMA_VERSION, SQLiteSessionStore
 from bot.errors import SchemaVersionError, StorageError
-from tests.core.conftest import FakeClock
+from tests.fakes.clock import FakeClock
 
 
 def user(text: str) -> Message:

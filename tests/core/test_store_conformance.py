@@ -11,7 +11,8 @@ from bot.core.memory import BaseSessionStore, SessionContext, SessionDeletedErro
 from bot.core.messages import Message, Role
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import StorageError
-from tests.core.conftest import FakeClock, StoreFactory
+from tests.core.conftest import StoreFactory
+from tests.fakes.clock import FakeClock
 
 
 def user(text: str) -> Message:

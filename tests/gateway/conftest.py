@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +18,9 @@ from bot.core.sqlite_store import SQLiteSessionStore
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
 from tests.fakes.adapter import FakeAdapter
+from tests.fakes.clock import FakeClock
 
 SECRET = b"k" * 32
-
-
-class FakeClock:
-    """A wall clock the test moves by hand."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> None:
-        self.now += timedelta(**delta)
 
 
 @pytest.fixture

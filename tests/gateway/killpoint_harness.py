@@ -34,9 +34,9 @@ from bot.core.messages import Message, Role
 from bot.core.models.base import ModelResponse, ToolSpec
 from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
+from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
-from bot.platforms.base import EventHandler, SendResult
 
 
 def die() -> None:
@@ -61,7 +61,7 @@ class EchoModel:
         return ModelResponse(content=f"echo: {last.content}")
 
 
-class FileAdapter:
+class FileAdapter(PlatformAdapter):
     name = "fake"
     max_text_len = 4096
 

@@ -24,8 +24,9 @@ from bot.gateway.inbox import (
     event_to_dict,
 )
 from bot.gateway.keys import build_session_key, session_id_for
+from tests.fakes.clock import FakeClock
 
-from .conftest import EventFactory, FakeClock, build_event
+from .conftest import EventFactory, build_event
 
 SECRET = b"k" * 32
 

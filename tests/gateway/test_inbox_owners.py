@@ -8,7 +8,8 @@ import pytest
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.gateway.inbox import Inbox
 from bot.gateway.instances import InstanceRegistry, Owner
-from tests.gateway.conftest import EventFactory, FakeClock
+from tests.fakes.clock import FakeClock
+from tests.gateway.conftest import EventFactory
 
 
 async def owners(store: SQLiteSessionStore) -> dict[str, str | None]:

@@ -34,8 +34,7 @@ from bot.gateway.ledger import (
     compute_obligation_id,
     is_owner_alive,
 )
-
-from .conftest import FakeClock
+from tests.fakes.clock import FakeClock
 
 T = TypeVar("T")
 

@@ -1,0 +1,178 @@
+"""The adapter contract: what a platform hands the gateway, and what the gateway asks of it.
+
+The gateway owns this port; platforms implement it (``bot.platforms``
+subclass ``PlatformAdapter`` to inherit the optional hooks' defaults) and the
+gateway knows no platform.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from starlette.routing import BaseRoute
+
+__all__ = [
+    "ChatType",
+    "EventHandler",
+    "MessageEvent",
+    "PlatformAdapter",
+    "SendResult",
+    "SessionSource",
+    "StatusFailedHandler",
+]
+
+ChatType = Literal["dm", "group", "channel"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSource:
+    """Where a message comes from. Raw ids: hash them before they reach a session table."""
+
+    platform: str
+    """Adapter name, e.g. ``"telegram"`` or ``"whatsapp"``."""
+    chat_id: str
+    """Raw platform chat id (a Telegram chat id, a WhatsApp ``wa_id`` or ``group_id``)."""
+    chat_type: ChatType
+    """``dm``, ``group`` or ``channel``."""
+    sender_id: str
+    """Raw platform id of the person who wrote."""
+    thread_id: str | None = None
+    """Topic or thread inside the chat (Telegram forum topic, Google-Chat thread)."""
+    chat_name: str | None = None
+    """Display name of the chat, for humans only."""
+    sender_name: str | None = None
+    """Display name of the sender, for humans only."""
+
+    def __post_init__(self) -> None:
+        if self.chat_type not in ("dm", "group", "channel"):
+            raise ValueError(f"chat_type must be dm, group or channel, not {self.chat_type!r}")
+        if not self.platform or not self.chat_id or not self.sender_id:
+            raise ValueError("platform, chat_id and sender_id must be non-empty")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEvent:
+    """One inbound message, normalised by an adapter."""
+
+    platform: str
+    """Adapter name."""
+    message_id: str
+    """Platform-unique dedup id (``telegram:<chat>:<msg>``, a WhatsApp ``wamid``)."""
+    source: SessionSource
+    """Where it comes from."""
+    text: str
+    """The text (or caption) with the bot's own mention stripped."""
+    platform_message_id: str | None = None
+    """The platform's own id of this message (Telegram ``message_id``, WhatsApp wamid);
+    the answer quotes it."""
+    reply_to_id: str | None = None
+    """Platform id of the message this one replies to, if it is a reply."""
+    replies_to_bot: bool = False
+    """True when it replies to one of the bot's own messages."""
+    mentions_bot: bool = False
+    """True when it @mentions the bot (entity-based, not a substring)."""
+    command: str | None = None
+    """Bot command addressed to this bot, without slash or ``@bot`` (``"start"``)."""
+    media_kind: str | None = None
+    """Kind of attachment (``photo``, ``voice``...) when the message carries one."""
+    timestamp: datetime = field(default_factory=_now)
+    """When the platform says it was sent."""
+    migrate_from_chat_id: str | None = None
+    """Set on a notice that this chat replaced another (Telegram group -> supergroup);
+    such an event carries no text and starts no turn."""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The platform payload, kept for adapters; never logged."""
+
+    @property
+    def addressed(self) -> bool:
+        """Whether the message is clearly meant for the bot in a group."""
+        return self.mentions_bot or self.replies_to_bot or self.command is not None
+
+
+EventHandler = Callable[[MessageEvent], Awaitable[bool]]
+"""The gateway's entry point. It returns once the event is durably accepted
+(``True``) or judged a duplicate or ignored (``False``); an adapter confirms the
+update to its platform (webhook 200, polling offset) only after it returns, and
+must not confirm if it raises."""
+
+StatusFailedHandler = Callable[[str, str], Awaitable[None]]
+"""``(platform message id, error)`` for a reply the platform reports undelivered."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What a successful send produced."""
+
+    message_ids: list[str] = field(default_factory=list)
+    """Platform ids of the messages sent, one per part, in order."""
+
+
+@runtime_checkable
+class PlatformAdapter(Protocol):
+    """A messaging platform as the gateway sees it.
+
+    Errors from ``send`` are ``PlatformError`` with ``retryable``,
+    ``retry_after`` and ``ambiguous`` set as the platform's answer allows. The
+    members after ``send`` are optional hooks: an adapter that subclasses this
+    class inherits their defaults.
+    """
+
+    name: str
+    """Platform name used in session keys and ledger rows."""
+    max_text_len: int
+    """Longest text one platform message may carry; ``send`` splits longer text."""
+
+    @property
+    def is_connected(self) -> bool:
+        """True once ``start`` succeeded and until ``stop``."""
+        ...
+
+    async def start(self, on_event: EventHandler) -> None:
+        """Connect and begin delivering events to ``on_event``; return once running."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop receiving and release resources; idempotent."""
+        ...
+
+    async def send(
+        self,
+        chat_id: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """Send ``text`` (split into ordered parts if needed) to a chat."""
+        ...
+
+    # -- optional hooks (defaults for subclasses) ------------------------------------
+
+    on_status_failed: StatusFailedHandler | None = None
+    """Set by the gateway before ``start`` for platforms that report delivery
+    failures after the send (WhatsApp statuses); ``None`` elsewhere."""
+
+    closed: asyncio.Event | None = None
+    """Set when the channel ended by itself (the console's end of input): the
+    bot stops. ``None`` for channels that never end on their own."""
+
+    async def indicate_typing(self, event: MessageEvent) -> None:
+        """Show that the bot is working on ``event``; called every few seconds."""
+        return None
+
+    def format_reply(self, text: str, agent_name: str) -> str:
+        """Present a reply before it is recorded and sent (the console shows ``[Agent]``);
+        most adapters return ``text`` unchanged."""
+        return text
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """HTTP routes to mount on the bot's server (webhooks); may be empty."""
+        return ()
