@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import os
 import signal
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO
 
 from bot.agents_loader import load_agents
 from bot.config import Settings
 from bot.core.agent import Agent
-from bot.core.memory import BaseSessionStore
+from bot.core.memory import BaseSessionStore, TransactionalStore
 from bot.core.models.routing import ModelSettings, default_model_name
 from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
@@ -29,6 +25,7 @@ from bot.gateway.contract import PlatformAdapter
 from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
+from bot.instance_lock import InstanceLock
 from bot.metrics import Metrics
 from bot.server import HttpServer, build_app
 
@@ -57,7 +54,7 @@ def load_starting_agent(module_name: str | None = None) -> Agent:
     return load_agents(module_name).starting_agent
 
 
-def open_store(settings: Settings) -> BaseSessionStore:
+def open_store(settings: Settings) -> TransactionalStore:
     """The store ``DATABASE_URL`` names: SQLite (its folder created if missing) or PostgreSQL."""
     if settings.database_dialect == "postgres":
         from bot.core.postgres_store import PostgresSessionStore
@@ -150,51 +147,6 @@ def build_adapters(
 
         adapters.append(ConsoleAdapter(input_stream=console_in, output_stream=console_out))
     return adapters
-
-
-class InstanceLock:
-    """An exclusive lock file in ``DATA_DIR``: one bot process per data directory.
-
-    ``flock`` is released by the kernel when the process dies, even by SIGKILL,
-    so a crash never leaves a stale lock behind.
-    """
-
-    def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / "chatflow.lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock or raise ``ConfigurationError`` saying another bot runs."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(fd)
-            raise ConfigurationError(
-                f"DATA_DIR: another Chatflow process is already running on {self.path.parent} "
-                "(stop it first, or give this one its own DATA_DIR)",
-                setting="DATA_DIR",
-            ) from exc
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        """Give the lock up; idempotent."""
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the lock for the ``with`` block."""
-        self.acquire()
-        try:
-            yield
-        finally:
-            self.release()
 
 
 @dataclass

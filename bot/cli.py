@@ -121,7 +121,7 @@ async def _ledger(settings: Settings, args: argparse.Namespace) -> int:
         if args.action == "status":
             counts = await ledger.status()
             print("  ".join(f"{state}: {n}" for state, n in sorted(counts.items())) or "empty")
-            for row in await ledger.list(state=args.state, limit=args.limit):
+            for row in await ledger.list_obligations(state=args.state, limit=args.limit):
                 print(
                     f"{row.obligation_id}  {row.state:<10} {row.platform:<9} "
                     f"attempts={row.attempts}  {row.last_error or ''}"

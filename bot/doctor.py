@@ -11,7 +11,6 @@ import httpx
 from bot.agents_loader import load_agents
 from bot.app import open_store
 from bot.config import Settings
-from bot.core.agent import Agent
 from bot.core.models.routing import ModelSettings, default_model_name, route_model
 from bot.errors import ChatflowError
 
@@ -33,17 +32,6 @@ class CheckResult:
     """One line for the operator."""
 
 
-def _reachable_agents(start: Agent) -> list[Agent]:
-    seen: dict[str, Agent] = {}
-    todo = [start]
-    while todo:
-        agent = todo.pop()
-        if agent.name not in seen:
-            seen[agent.name] = agent
-            todo.extend(agent.handoffs)
-    return list(seen.values())
-
-
 async def _check_database(settings: Settings) -> CheckResult:
     store = open_store(settings)
     try:
@@ -59,7 +47,7 @@ async def _check_database(settings: Settings) -> CheckResult:
 async def _check_models(settings: Settings, client: httpx.AsyncClient) -> list[CheckResult]:
     model_settings = ModelSettings.from_settings(settings)
     loaded = load_agents(settings.agents_module)
-    agents = _reachable_agents(loaded.starting_agent)
+    agents = loaded.starting_agent.reachable_agents()
     names = sorted({a.model or default_model_name(model_settings) for a in agents})
     results = [CheckResult("agents", True, f"{len(agents)} agents from {loaded.source}")]
     for name in names:

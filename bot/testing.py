@@ -19,9 +19,11 @@ This module is imported on its own (``import bot`` does not load it).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.routing import BaseRoute
 
@@ -159,13 +161,17 @@ def make_event(
     mentions_bot: bool = False,
     command: str | None = None,
     media_kind: str | None = None,
+    sender_name: str | None = None,
+    **fields: Any,
 ) -> MessageEvent:
     """An inbound text event for ``FakeAdapter``; each call gets a fresh message id.
 
-    Pass the same ``message_id`` twice to simulate a platform redelivery.
+    Pass the same ``message_id`` twice to simulate a platform redelivery; other
+    ``MessageEvent`` fields (``timestamp``, ``source``, ``migrate_from_chat_id``...)
+    may be given as keywords.
     """
     n = next(_ids)
-    return MessageEvent(
+    event = MessageEvent(
         platform=platform,
         message_id=message_id or f"{platform}:{chat_id}:{n}",
         platform_message_id=str(n),
@@ -175,12 +181,14 @@ def make_event(
             chat_type=chat_type,
             sender_id=sender_id,
             thread_id=thread_id,
+            sender_name=sender_name,
         ),
         text=text,
         mentions_bot=mentions_bot,
         command=command,
         media_kind=media_kind,
     )
+    return dataclasses.replace(event, **fields) if fields else event
 
 
 def transient(

@@ -23,6 +23,7 @@ def _restore_root() -> Iterator[None]:
 @pytest.mark.parametrize(
     "library",
     ["httpx", "httpx2", "httpcore", "telegram", "telegram.ext", "pywa_async", "openai"],
+    ids=str,
 )
 def test_url_logging_libraries_are_quiet_at_info(library: str) -> None:
     configure_logging("INFO", "text")

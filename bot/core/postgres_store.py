@@ -24,10 +24,11 @@ Per-session order across processes
     (``StorageError``), so two turns still cannot interleave.
 
 Migrations
-    Versioned in ``chatflow_schema_versions`` (component ``session_store``; the
-    gateway records its own components there) and run under a
-    transaction-scoped advisory lock, so processes starting together migrate
-    once and never collide on ``CREATE TABLE``.
+    The SQLite store's, from ``bot.core.session_schema``: versioned in
+    ``chatflow_schema_versions`` (component ``session_store``; the gateway
+    records its own components there) and run under a transaction-scoped
+    advisory lock, so processes starting together migrate once and never
+    collide on ``CREATE TABLE``.
 
 Errors
     asyncpg and connection errors become ``StorageError``; the DSN (it may hold
@@ -38,29 +39,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import asyncpg
 
-from bot.core.memory import (
-    DEFAULT_DEDUP_TTL_HOURS,
-    DEFAULT_MAX_TURNS,
-    Transaction,
-    validate_session_id,
-)
+from bot.core.ids import validate_session_id
+from bot.core.session import DEFAULT_MAX_TURNS
+from bot.core.session_schema import SCHEMA_VERSION, ensure_session_schema_in
 from bot.core.sql import (
-    MIGRATION_LOCK_KEY,
     advisory_key,
     is_postgres_url,
     qmark_to_dollar,
     redact_dsn,
     rowcount_from_status,
 )
-from bot.core.sql_store import SQLSessionStore
-from bot.errors import SchemaVersionError, StorageError
+from bot.core.sql_store import DriverTransaction, SQLSessionStore
+from bot.core.store import DEFAULT_DEDUP_TTL_HOURS
+from bot.errors import StorageError
 
 __all__ = [
     "DEFAULT_MAX_LOCK_CONNECTIONS",
@@ -89,57 +87,6 @@ SERVER_SETTINGS: Final = {
 """Per-connection server settings: the server notices within ~25 s that the host of a
 connection died (power loss, partition) and drops its locks; the default is hours."""
 
-_COMPONENT: Final = "session_store"
-_VERSIONS_TABLE: Final = "chatflow_schema_versions"
-_CREATE_VERSIONS: Final = (
-    f"CREATE TABLE IF NOT EXISTS {_VERSIONS_TABLE} ("
-    "component TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL)"
-)
-
-_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
-    # 1: the initial schema (DESIGN §3.3), column for column the SQLite one.
-    (
-        """CREATE TABLE chatflow_sessions (
-            session_id TEXT PRIMARY KEY NOT NULL,
-            active_agent_name TEXT NOT NULL,
-            metadata_json TEXT NOT NULL DEFAULT '{}',
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL
-        )""",
-        """CREATE TABLE chatflow_messages (
-            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            session_id TEXT NOT NULL
-                REFERENCES chatflow_sessions (session_id) ON DELETE CASCADE,
-            seq BIGINT NOT NULL,
-            role TEXT NOT NULL,
-            message_json TEXT NOT NULL,
-            created_at TEXT NOT NULL
-        )""",
-        "CREATE UNIQUE INDEX chatflow_messages_session_seq ON chatflow_messages (session_id, seq)",
-        """CREATE TABLE chatflow_processed_messages (
-            message_id TEXT PRIMARY KEY NOT NULL,
-            processed_at DOUBLE PRECISION NOT NULL
-        )""",
-        "CREATE INDEX chatflow_processed_messages_processed_at "
-        "ON chatflow_processed_messages (processed_at)",
-        "CREATE INDEX chatflow_sessions_updated_at ON chatflow_sessions (updated_at)",
-    ),
-)
-
-SCHEMA_VERSION: Final = len(_MIGRATIONS)
-"""The ``session_store`` version this code writes and understands."""
-
-_TABLES: Final = ("chatflow_sessions", "chatflow_messages", "chatflow_processed_messages")
-_REQUIRED_COLUMNS: Final[Mapping[str, frozenset[str]]] = {
-    "chatflow_sessions": frozenset(
-        {"session_id", "active_agent_name", "metadata_json", "created_at", "updated_at"}
-    ),
-    "chatflow_messages": frozenset(
-        {"id", "session_id", "seq", "role", "message_json", "created_at"}
-    ),
-    "chatflow_processed_messages": frozenset({"message_id", "processed_at"}),
-}
-
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
 
@@ -153,17 +100,17 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class _PgTransaction:
+class _PgTransaction(DriverTransaction):
     """The ``Transaction`` of ``PostgresSessionStore``: ``?`` SQL on one connection."""
 
-    __slots__ = ("_active", "_conn")
+    __slots__ = ("_conn",)
 
     dialect: Final = "postgres"
     """Statements are PostgreSQL SQL, written with ``?`` placeholders."""
 
     def __init__(self, conn: _Conn) -> None:
+        super().__init__()
         self._conn = conn
-        self._active = True
 
     def _connection(self) -> _Conn:
         if not self._active:
@@ -207,6 +154,20 @@ class _PgTransaction:
         except _DB_ERRORS as exc:
             raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
         return None if row is None else tuple(row)
+
+    async def _send_commit(self) -> None:
+        await self._conn.execute("COMMIT")
+
+    async def _rollback(self) -> None:
+        try:
+            await asyncio.shield(self._conn.execute("ROLLBACK"))
+        except (asyncio.CancelledError, *_DB_ERRORS):
+            # The connection's state is unknown: drop it rather than hand it back.
+            logger.warning("rolling back a session-store transaction failed; dropping it")
+            self._conn.terminate()
+
+    def _driver_error(self, exc: BaseException) -> str | None:
+        return _describe(exc) if isinstance(exc, _DB_ERRORS) else None
 
 
 class PostgresSessionStore(SQLSessionStore):
@@ -264,11 +225,6 @@ class PostgresSessionStore(SQLSessionStore):
     def __repr__(self) -> str:
         return f"<PostgresSessionStore {redact_dsn(self._dsn)}>"
 
-    @property
-    def display_dsn(self) -> str:
-        """The URL without its password, for logs and banners."""
-        return redact_dsn(self._dsn)
-
     # -- connection -----------------------------------------------------------------
 
     @property
@@ -309,65 +265,18 @@ class PostgresSessionStore(SQLSessionStore):
         self._lock_pool = lock_pool
 
     async def _migrate(self, pool: asyncpg.Pool) -> None:
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
-            names = await conn.fetchrow("SELECT current_database(), current_schema()")
-            database, schema = (None, None) if names is None else tuple(names)
-            if schema is None:
-                raise StorageError(
-                    "PostgreSQL has no schema to create tables in (check search_path)"
-                )
-            self._lock_namespace = f"{database}|{schema}"
-            await conn.execute(_CREATE_VERSIONS)
-            version = await conn.fetchval(
-                f"SELECT version FROM {_VERSIONS_TABLE} WHERE component = $1", _COMPONENT
-            )
-            version = int(version or 0)
-            if version > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"the session tables are at schema version {version}, newer than this "
-                    f"Chatflow knows ({SCHEMA_VERSION}); upgrade Chatflow or use another database"
-                )
-            if version == 0:
-                existing = await conn.fetch(
-                    "SELECT table_name FROM information_schema.tables "
-                    "WHERE table_schema = current_schema() AND table_name = ANY($1::text[])",
-                    list(_TABLES),
-                )
-                if existing:
-                    raise SchemaVersionError(
-                        "the database already holds chatflow tables without a schema version "
-                        "(written by another program?); Chatflow cannot migrate them: use a "
-                        "new database or schema"
+        async with pool.acquire() as conn:
+            await conn.execute("BEGIN")
+            tx = _PgTransaction(conn)
+            async with self._settle(tx, None):
+                names = await tx.fetchone("SELECT current_database(), current_schema()")
+                database, schema = (None, None) if names is None else names
+                if schema is None:
+                    raise StorageError(
+                        "PostgreSQL has no schema to create tables in (check search_path)"
                     )
-            for step in _MIGRATIONS[version:]:
-                for statement in step:
-                    await conn.execute(statement)
-            if version < SCHEMA_VERSION:
-                await conn.execute(
-                    f"INSERT INTO {_VERSIONS_TABLE} (component, version) VALUES ($1, $2) "
-                    "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
-                    _COMPONENT,
-                    SCHEMA_VERSION,
-                )
-                logger.info(
-                    "session schema migrated from version %d to %d", version, SCHEMA_VERSION
-                )
-            rows = await conn.fetch(
-                "SELECT table_name, column_name FROM information_schema.columns "
-                "WHERE table_schema = current_schema() AND table_name = ANY($1::text[])",
-                list(_TABLES),
-            )
-            columns: dict[str, set[str]] = {}
-            for table, column in rows:
-                columns.setdefault(str(table), set()).add(str(column))
-            for table, required in _REQUIRED_COLUMNS.items():
-                missing = required - columns.get(table, set())
-                if missing:
-                    raise SchemaVersionError(
-                        f"table {table} lacks columns {sorted(missing)}: the database was "
-                        "written by another program; use a new database or schema"
-                    )
+                self._lock_namespace = f"{database}|{schema}"
+                await ensure_session_schema_in(tx)
 
     async def close(self) -> None:
         """Close both pools; the store cannot be used afterwards. Idempotent."""
@@ -414,63 +323,18 @@ class PostgresSessionStore(SQLSessionStore):
             except _DB_ERRORS as exc:
                 raise StorageError(f"cannot start a transaction: {_describe(exc)}") from exc
             tx = _PgTransaction(conn)
-            try:
+            async with self._settle(tx, on_commit):
                 yield tx
-            except BaseException:
-                tx._active = False
-                await self._rollback(conn)
-                raise
-            tx._active = False
-            await self._commit(conn, on_commit)
         finally:
             if task is not None:
                 self._tx_tasks.discard(task)
             await self._release(pool, conn)
-
-    async def _rollback(self, conn: _Conn) -> None:
-        try:
-            await asyncio.shield(conn.execute("ROLLBACK"))
-        except (asyncio.CancelledError, *_DB_ERRORS):
-            # The connection's state is unknown: drop it rather than hand it back.
-            logger.warning("rolling back a session-store transaction failed; dropping it")
-            conn.terminate()
-
-    async def _commit(self, conn: _Conn, on_commit: Callable[[], None] | None) -> None:
-        # Once COMMIT is sent its outcome is the server's: wait for it whatever
-        # happens to this task, so a session's bookkeeping always matches the rows.
-        commit = asyncio.ensure_future(conn.execute("COMMIT"))
-        cancelled = False
-        while not commit.done():
-            try:
-                await asyncio.wait({commit})
-            except asyncio.CancelledError:
-                cancelled = True
-        error = commit.exception()
-        if error is not None:
-            await self._rollback(conn)
-            if isinstance(error, _DB_ERRORS):
-                raise StorageError(f"commit failed: {_describe(error)}") from error
-            raise error
-        if on_commit is not None:
-            on_commit()
-        if cancelled:
-            raise asyncio.CancelledError
 
     async def _release(self, pool: asyncpg.Pool, conn: _Conn) -> None:
         try:
             await asyncio.shield(pool.release(conn))
         except (asyncio.CancelledError, *_DB_ERRORS):
             conn.terminate()
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
-        """An ``async with`` block running SQL in one transaction (``READ COMMITTED``).
-
-        Commits when the block ends normally, rolls back on any exception. Inside
-        the block use only the yielded ``Transaction``, not the store itself.
-        """
-        async with self._transaction() as tx:
-            yield tx
 
     # -- session locks ---------------------------------------------------------------
 

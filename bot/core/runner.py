@@ -26,6 +26,7 @@ from bot.core.memory import (
     SessionStore,
     Transaction,
     log_session_id,
+    require_transactional,
 )
 from bot.core.messages import Message, Role, ToolCall
 from bot.core.models.base import ChatModel, ModelResponse, Usage, current_agent_name
@@ -189,7 +190,8 @@ class Runner:
 
         ``metadata`` is merged into the session's metadata as part of the turn.
         ``on_commit(result, transaction)`` runs inside the save's transaction
-        (SQLite store only). ``inbound_message_id`` (or ``metadata
+        (SQL stores only: the in-memory store raises ``NotTransactionalError``
+        before the model is called). ``inbound_message_id`` (or ``metadata
         ["inbound_message_id"]``) reaches tools through ``ToolContext``.
         Cancellation rolls back too and propagates as ``CancelledError``.
         """
@@ -199,6 +201,8 @@ class Runner:
         try:
             async with self.store.session_lock(session_id):
                 session = await self._load(session_id)
+                if on_commit is not None:  # before the model runs, not at the save
+                    require_transactional(self.store, "run_async(on_commit=...)")
                 checkpoint = session.checkpoint()
                 try:
                     if metadata:
@@ -251,7 +255,7 @@ class Runner:
             async def also(transaction: Transaction) -> None:
                 await on_commit(result, transaction)
 
-            save = self.store.save(session, also=also)
+            save = require_transactional(self.store, "on_commit").save(session, also=also)
         task = asyncio.ensure_future(save)
         cancelled = False
         # A commit in flight must settle before we decide: if it landed, the

@@ -1,34 +1,85 @@
-"""SQL that runs on both SQLite and PostgreSQL: placeholders, row counts, DDL types, lock keys.
+"""SQL that runs on both SQLite and PostgreSQL: the ``Transaction``, placeholders, DDL, schemas.
 
 Chatflow's SQL is written once, for SQLite's ``?`` placeholders, in the subset
 both databases accept (``INSERT ... ON CONFLICT ... DO NOTHING``, no ``rowid``).
 The PostgreSQL store translates ``?`` to ``$1, $2, ...`` and reads row counts
-from the server's command tags; migrations translate the two column types whose
+from the server's command tags; migrations translate the column types whose
 meaning differs (PostgreSQL's ``REAL`` is a 4-byte float, too coarse for Unix
-times, and its ``INTEGER`` is 32-bit).
+times, its ``INTEGER`` is 32-bit, and SQLite's ``INTEGER PRIMARY KEY`` numbers
+rows by itself).
+
+Schema versions
+    Every component (the session tables, the gateway's inbox, ledger, ...)
+    records its version in ``chatflow_schema_versions(component, version)`` and
+    ``ensure_schema`` migrates it forward inside one transaction. On PostgreSQL
+    every migration (and every read of a version) first takes a
+    transaction-scoped advisory lock, so several processes starting at once
+    migrate one after the other and never collide on ``CREATE TABLE``; the
+    later ones find the work done.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
-from typing import Final, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
+
+from bot.errors import SchemaVersionError
 
 __all__ = [
     "MIGRATION_LOCK_KEY",
+    "VERSIONS_TABLE",
     "Dialect",
+    "Transaction",
     "advisory_key",
+    "ensure_schema",
     "is_postgres_url",
+    "lock_migrations_in",
     "portable_ddl",
     "qmark_to_dollar",
     "redact_dsn",
     "rowcount_from_status",
+    "schema_version_in",
 ]
+
+logger = logging.getLogger(__name__)
 
 Dialect = Literal["sqlite", "postgres"]
 """The SQL dialects a store's ``Transaction`` may speak."""
+
+
+class Transaction(Protocol):
+    """One open database transaction of a store (see ``TransactionalStore.transaction``).
+
+    Statements run on the store's connection inside the transaction; it commits
+    when the ``async with`` block (or the ``save`` hook) ends without an error
+    and rolls back otherwise. Database errors surface as ``StorageError``.
+    """
+
+    @property
+    def dialect(self) -> Dialect:
+        """The SQL dialect statements must be written in (``?`` placeholders on both)."""
+        ...
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; return the number of rows it changed (-1 if none apply)."""
+        ...
+
+    async def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per parameter set."""
+        ...
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a query and return every row."""
+        ...
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """Run a query and return its first row, or ``None``."""
+        ...
 
 
 def advisory_key(text: str) -> int:
@@ -99,22 +150,28 @@ def rowcount_from_status(status: str) -> int:
 
 
 _DDL_TYPES: Final = {"REAL": "DOUBLE PRECISION", "INTEGER": "BIGINT"}
-_DDL_TYPE_RE: Final = re.compile(r"\b(REAL|INTEGER)\b")
+_IDENTITY: Final = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+_DDL_TYPE_RE: Final = re.compile(r"\b(?:(INTEGER\s+PRIMARY\s+KEY)|(REAL|INTEGER))\b")
 _QUOTED_RE: Final = re.compile(r"('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\")")
+
+
+def _postgres_type(match: re.Match[str]) -> str:
+    return _IDENTITY if match.group(1) else _DDL_TYPES[match.group(2)]
 
 
 def portable_ddl(sql: str, dialect: Dialect) -> str:
     """``sql`` (written for SQLite) with column types fit for ``dialect``.
 
-    On PostgreSQL ``REAL`` becomes ``DOUBLE PRECISION`` and ``INTEGER`` becomes
-    ``BIGINT`` (outside quotes); SQLite gets ``sql`` unchanged.
+    On PostgreSQL ``REAL`` becomes ``DOUBLE PRECISION``, ``INTEGER`` becomes
+    ``BIGINT`` and ``INTEGER PRIMARY KEY`` (SQLite's self-numbering row id) an
+    identity column (outside quotes); SQLite gets ``sql`` unchanged.
     """
     if dialect != "postgres":
         return sql
     pieces = _QUOTED_RE.split(sql)
     # Odd positions are the quoted parts captured by the split.
     for index in range(0, len(pieces), 2):
-        pieces[index] = _DDL_TYPE_RE.sub(lambda m: _DDL_TYPES[m.group(1)], pieces[index])
+        pieces[index] = _DDL_TYPE_RE.sub(_postgres_type, pieces[index])
     return "".join(pieces)
 
 
@@ -135,3 +192,67 @@ def redact_dsn(dsn: str) -> str:
     user = parts.username or ""
     auth = f"{user}:***@" if parts.password is not None else (f"{user}@" if user else "")
     return urlunsplit((parts.scheme, auth + host, parts.path, "", ""))
+
+
+# -- schema versions ------------------------------------------------------------------
+
+VERSIONS_TABLE: Final = "chatflow_schema_versions"
+"""Table holding one row per component (session store, inbox, ledger...): its schema version."""
+
+_CREATE_VERSIONS: Final = (
+    f"CREATE TABLE IF NOT EXISTS {VERSIONS_TABLE} ("
+    "component TEXT PRIMARY KEY NOT NULL, "
+    "version INTEGER NOT NULL)"
+)
+
+
+async def lock_migrations_in(tx: Transaction) -> None:
+    """On PostgreSQL, wait for the migration lock (held until ``tx`` ends); no-op on SQLite.
+
+    SQLite needs none: its write transactions already exclude each other.
+    """
+    if tx.dialect == "postgres":
+        await tx.fetchall("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK_KEY,))
+
+
+async def schema_version_in(tx: Transaction, component: str) -> int:
+    """The recorded schema version of ``component`` (0 when it has none yet)."""
+    await lock_migrations_in(tx)
+    await tx.execute(_CREATE_VERSIONS, ())
+    rows = await tx.fetchall(
+        f"SELECT version FROM {VERSIONS_TABLE} WHERE component = ?", (component,)
+    )
+    return int(rows[0][0]) if rows else 0
+
+
+async def ensure_schema(
+    tx: Transaction, component: str, migrations: Mapping[int, Sequence[str]]
+) -> int:
+    """Bring ``component``'s tables to the newest version in ``migrations``.
+
+    ``migrations[v]`` holds the statements (SQLite DDL, see ``portable_ddl``)
+    that move version ``v - 1`` to ``v``; versions run from 1 upwards without
+    gaps. Everything happens in ``tx``, so a failed migration leaves the old
+    schema. Raises ``SchemaVersionError`` when the database was written by a
+    newer version than this code knows.
+    """
+    target = max(migrations, default=0)
+    if sorted(migrations) != list(range(1, target + 1)):
+        raise ValueError(f"migrations of {component} must be numbered 1..{target}")
+    current = await schema_version_in(tx, component)
+    if current > target:
+        raise SchemaVersionError(
+            f"the {component} tables are at schema version {current}, "
+            f"newer than this Chatflow knows ({target}); upgrade Chatflow"
+        )
+    for version in range(current + 1, target + 1):
+        for statement in migrations[version]:
+            await tx.execute(portable_ddl(statement, tx.dialect), ())
+    if current != target:
+        await tx.execute(
+            f"INSERT INTO {VERSIONS_TABLE} (component, version) VALUES (?, ?) "
+            "ON CONFLICT(component) DO UPDATE SET version = excluded.version",
+            (component, target),
+        )
+        logger.info("%s schema migrated from version %d to %d", component, current, target)
+    return target

@@ -1,10 +1,12 @@
 """What the SQLite and PostgreSQL session stores share: the schema's rows, read and written.
 
-Both stores hold the same three tables (DESIGN.md §3.3) and run the same SQL
-through their ``Transaction`` (``?`` placeholders; PostgreSQL's translates
-them). A subclass supplies the connection side -- ``_transaction``, locking
-clauses, the purge statement and how a unique-key violation shows -- and this
-class does the rest: load a session's window by index, save only what changed
+Both stores hold the same three tables (DESIGN.md §3.3, created by
+``bot.core.session_schema``) and run the same SQL through their
+``Transaction`` (``?`` placeholders; PostgreSQL's translates them). A subclass
+supplies the connection side -- ``_transaction`` (begin, on its driver),
+locking clauses, the purge statement and how a unique-key violation shows --
+and this class does the rest: end a transaction (commit or roll back, even
+under cancellation), load a session's window by index, save only what changed
 in one transaction (with the caller's ``also`` hook), delete, list, and the
 dedup claims.
 """
@@ -14,32 +16,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from abc import abstractmethod
-from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeVar
 
 from bot.core.agent import Agent
-from bot.core.memory import (
-    PURGE_BATCH_SIZE,
-    BaseSessionStore,
-    SaveHook,
-    SessionContext,
-    SessionDeletedError,
-    Transaction,
-    _Changes,
-    _check_message_id,
-    _utc,
-    dump_metadata,
-    log_session_id,
-    seq_runs,
-    validate_session_id,
-)
+from bot.core.ids import check_message_id, log_session_id, validate_session_id
 from bot.core.messages import Message
+from bot.core.session import SessionContext, _Changes, seq_runs
+from bot.core.sql import Transaction
+from bot.core.store import (
+    PURGE_BATCH_SIZE,
+    SaveHook,
+    SessionDeletedError,
+    TransactionalStore,
+    as_utc,
+    dump_metadata,
+)
 from bot.errors import StorageError
 
-__all__ = ["SQLSessionStore"]
+__all__ = ["DriverTransaction", "SQLSessionStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +61,38 @@ _INSERT_SESSION_SQL: Final = (
 
 
 def _iso(value: datetime) -> str:
-    return _utc(value).isoformat(timespec="microseconds")
+    return as_utc(value).isoformat(timespec="microseconds")
 
 
-class SQLSessionStore(BaseSessionStore):
+class DriverTransaction(ABC):
+    """A ``Transaction`` on one driver connection; ``SQLSessionStore`` ends it.
+
+    Subclasses run the statements (refusing them once ``_active`` is false) and
+    say how their driver commits and rolls back.
+    """
+
+    __slots__ = ("_active",)
+
+    def __init__(self) -> None:
+        self._active = True
+
+    @abstractmethod
+    async def _send_commit(self) -> None:
+        """COMMIT and wait for the database's answer; driver errors propagate as they are."""
+
+    @abstractmethod
+    async def _rollback(self) -> None:
+        """Roll back, or drop the connection if that fails; raises no driver error."""
+
+    @abstractmethod
+    def _driver_error(self, exc: BaseException) -> str | None:
+        """A description of ``exc`` if it is one of the driver's errors, else ``None``."""
+
+
+_TxT = TypeVar("_TxT", bound=DriverTransaction)
+
+
+class SQLSessionStore(TransactionalStore):
     """A session store on a SQL database; subclasses bring the connection."""
 
     _FOR_SHARE: ClassVar[str] = ""
@@ -104,11 +130,58 @@ class SQLSessionStore(BaseSessionStore):
     def _transaction(
         self, *, write: bool, on_commit: Callable[[], None] | None = None
     ) -> AbstractAsyncContextManager[Transaction]:
-        """A transaction; ``on_commit`` runs once it is known to have committed."""
+        """A transaction; ``on_commit`` runs once it is known to have committed.
+
+        Implementations begin it on their driver and end it with ``_settle``.
+        """
 
     @abstractmethod
     def _is_unique_violation(self, exc: BaseException | None) -> bool:
         """Whether a driver error is a unique-key violation."""
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """An ``async with`` block running SQL in one write transaction.
+
+        Commits when the block ends normally, rolls back on any exception. Inside
+        the block use only the yielded ``Transaction``, not the store itself.
+        """
+        async with self._transaction(write=True) as tx:
+            yield tx
+
+    @asynccontextmanager
+    async def _settle(self, tx: _TxT, on_commit: Callable[[], None] | None) -> AsyncIterator[_TxT]:
+        """Yield the begun ``tx``; commit it if the block ends normally, else roll it back."""
+        try:
+            yield tx
+        except BaseException:
+            tx._active = False
+            await tx._rollback()
+            raise
+        tx._active = False
+        await self._commit(tx, on_commit)
+
+    async def _commit(self, tx: DriverTransaction, on_commit: Callable[[], None] | None) -> None:
+        # Once COMMIT is sent its outcome is the database's: wait for it whatever
+        # happens to this task, so a session's bookkeeping always matches the rows.
+        commit = asyncio.ensure_future(tx._send_commit())
+        cancelled = False
+        while not commit.done():
+            try:
+                await asyncio.wait({commit})
+            except asyncio.CancelledError:
+                cancelled = True
+        error = commit.exception()
+        if error is not None:
+            await tx._rollback()
+            described = tx._driver_error(error)
+            if described is not None:
+                raise StorageError(f"commit failed: {described}") from error
+            raise error
+        if on_commit is not None:
+            on_commit()
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def ping(self) -> None:
         """Check the database answers, in a read-only transaction (no write lock)."""
@@ -338,7 +411,7 @@ class SQLSessionStore(BaseSessionStore):
     async def claim_message(self, message_id: str) -> bool:
         """Atomically claim ``message_id``: ``True`` only for the first claim within the TTL,
         across every process on the database (its primary key decides)."""
-        _check_message_id(message_id)
+        check_message_id(message_id)
         async with self._transaction(write=True) as tx:
             return await self.claim_in(tx, message_id)
 
@@ -347,7 +420,7 @@ class SQLSessionStore(BaseSessionStore):
 
         An id whose claim expired counts as unclaimed even before it is purged.
         """
-        _check_message_id(message_id)
+        check_message_id(message_id)
         now = self.now()
         await self._maybe_purge_in(tx, now)
         changed = await tx.execute(
@@ -357,7 +430,7 @@ class SQLSessionStore(BaseSessionStore):
 
     async def is_message_processed(self, message_id: str) -> bool:
         """True if ``message_id`` was claimed or marked within the TTL."""
-        _check_message_id(message_id)
+        check_message_id(message_id)
         cutoff = (self.now() - self._dedup_ttl).timestamp()
         async with self._transaction(write=False) as tx:
             row = await tx.fetchone(
@@ -369,7 +442,7 @@ class SQLSessionStore(BaseSessionStore):
 
     async def mark_message_processed(self, message_id: str) -> None:
         """Record ``message_id`` as processed now."""
-        _check_message_id(message_id)
+        check_message_id(message_id)
         now = self.now()
         async with self._transaction(write=True) as tx:
             await self._maybe_purge_in(tx, now)

@@ -20,12 +20,11 @@ Durability
     matches the file.
 
 Schema
-    Versioned with ``PRAGMA user_version``: ``_MIGRATIONS[i]`` moves version
-    ``i`` to ``i + 1``; pending steps run forward in one transaction on open. A
+    Created and migrated forward on open, in one transaction, by
+    ``bot.core.session_schema`` (component ``session_store`` of
+    ``chatflow_schema_versions``, mirrored in ``PRAGMA user_version``). A
     database from a newer Chatflow, or one holding chatflow tables of another
     layout (the chatflow-agent package), raises ``SchemaVersionError``.
-    ``user_version`` belongs to this store; the gateway versions its own tables
-    separately.
 
 Timestamps
     ``created_at`` / ``updated_at`` are ISO-8601 UTC text with microseconds
@@ -40,7 +39,7 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -49,15 +48,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
 
-from bot.core.memory import (
-    DEFAULT_DEDUP_TTL_HOURS,
-    DEFAULT_MAX_TURNS,
-    KeyedLocks,
-    Transaction,
-    validate_session_id,
-)
-from bot.core.sql_store import SQLSessionStore
-from bot.errors import SchemaVersionError, StorageError
+from bot.core._locks import KeyedLocks
+from bot.core.ids import validate_session_id
+from bot.core.session import DEFAULT_MAX_TURNS
+from bot.core.session_schema import SCHEMA_VERSION, ensure_session_schema_in
+from bot.core.sql_store import DriverTransaction, SQLSessionStore
+from bot.core.store import DEFAULT_DEDUP_TTL_HOURS
+from bot.errors import StorageError
 
 __all__ = ["BUSY_TIMEOUT_MS", "SCHEMA_VERSION", "SQLiteSessionStore"]
 
@@ -65,48 +62,6 @@ logger = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 5000
 """How long a statement waits for another process's write lock."""
-
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    # 1: the initial schema (DESIGN §3.3).
-    (
-        """CREATE TABLE chatflow_sessions (
-            session_id TEXT PRIMARY KEY NOT NULL,
-            active_agent_name TEXT NOT NULL,
-            metadata_json TEXT NOT NULL DEFAULT '{}',
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL
-        )""",
-        """CREATE TABLE chatflow_messages (
-            id INTEGER PRIMARY KEY,
-            session_id TEXT NOT NULL
-                REFERENCES chatflow_sessions (session_id) ON DELETE CASCADE,
-            seq INTEGER NOT NULL,
-            role TEXT NOT NULL,
-            message_json TEXT NOT NULL,
-            created_at TEXT NOT NULL
-        )""",
-        "CREATE UNIQUE INDEX chatflow_messages_session_seq ON chatflow_messages (session_id, seq)",
-        """CREATE TABLE chatflow_processed_messages (
-            message_id TEXT PRIMARY KEY NOT NULL,
-            processed_at REAL NOT NULL
-        )""",
-        "CREATE INDEX chatflow_processed_messages_processed_at "
-        "ON chatflow_processed_messages (processed_at)",
-    ),
-)
-
-SCHEMA_VERSION = len(_MIGRATIONS)
-"""The ``user_version`` this code writes and understands."""
-
-_REQUIRED_COLUMNS: Mapping[str, frozenset[str]] = {
-    "chatflow_sessions": frozenset(
-        {"session_id", "active_agent_name", "metadata_json", "created_at", "updated_at"}
-    ),
-    "chatflow_messages": frozenset(
-        {"id", "session_id", "seq", "role", "message_json", "created_at"}
-    ),
-    "chatflow_processed_messages": frozenset({"message_id", "processed_at"}),
-}
 
 # Locks of one database file are shared by every store instance of this process.
 _SHARED_SESSION_LOCKS = KeyedLocks()
@@ -121,17 +76,17 @@ def _is_memory_target(path: str, uri: bool) -> bool:
     return parts.path in ("", ":memory:") or "memory" in parse_qs(parts.query).get("mode", [])
 
 
-class _SQLiteTransaction:
+class _SQLiteTransaction(DriverTransaction):
     """The ``Transaction`` handed to callers of ``transaction()`` and ``save(also=...)``."""
 
-    __slots__ = ("_active", "_conn")
+    __slots__ = ("_conn",)
 
     dialect: Final = "sqlite"
     """Statements are SQLite SQL."""
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
+        super().__init__()
         self._conn = conn
-        self._active = True
 
     def _connection(self) -> aiosqlite.Connection:
         if not self._active:
@@ -169,6 +124,19 @@ class _SQLiteTransaction:
         """Run a query and return its first row, or ``None`` (use ``LIMIT`` for big results)."""
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
+
+    async def _send_commit(self) -> None:
+        # sqlite3 commits on aiosqlite's thread: it runs to its end even if we are cancelled.
+        await self._conn.commit()
+
+    async def _rollback(self) -> None:
+        try:
+            await self._conn.rollback()
+        except sqlite3.Error:
+            logger.warning("rolling back a session-store transaction failed", exc_info=True)
+
+    def _driver_error(self, exc: BaseException) -> str | None:
+        return str(exc) if isinstance(exc, sqlite3.Error) else None
 
 
 class SQLiteSessionStore(SQLSessionStore):
@@ -222,11 +190,6 @@ class SQLiteSessionStore(SQLSessionStore):
     def db_path(self) -> str:
         """The path or URI given to the constructor."""
         return self._db_path
-
-    @property
-    def in_memory(self) -> bool:
-        """True for ``":memory:"`` and ``mode=memory`` URIs."""
-        return self._memory
 
     # -- connection -----------------------------------------------------------------
 
@@ -295,50 +258,13 @@ class SQLiteSessionStore(SQLSessionStore):
             raise StorageError(f"cannot configure the session database: {exc}") from exc
 
     async def _migrate(self, conn: aiosqlite.Connection) -> None:
+        tx = _SQLiteTransaction(conn)
         try:
             await conn.execute("BEGIN IMMEDIATE")
-            try:
-                await self._migrate_in(conn)
-            except BaseException:
-                await conn.rollback()
-                raise
-            await conn.commit()
         except sqlite3.Error as exc:
             raise StorageError(f"cannot prepare the session tables: {exc}") from exc
-
-    async def _migrate_in(self, conn: aiosqlite.Connection) -> None:
-        rows = list(await conn.execute_fetchall("PRAGMA user_version"))
-        version = int(rows[0][0])
-        if version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"the session database is at schema version {version}, newer than this "
-                f"Chatflow knows ({SCHEMA_VERSION}); upgrade Chatflow or use another file"
-            )
-        if version == 0:
-            existing = list(
-                await conn.execute_fetchall(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN "
-                    "('chatflow_sessions', 'chatflow_messages', 'chatflow_processed_messages')"
-                )
-            )
-            if existing:
-                raise SchemaVersionError(
-                    "the database already holds chatflow tables without a schema version "
-                    "(written by another program?); Chatflow cannot migrate it: use a new file"
-                )
-        for step in _MIGRATIONS[version:]:
-            for statement in step:
-                await conn.execute(statement)
-        if version < SCHEMA_VERSION:
-            await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            logger.info("session schema migrated from version %d to %d", version, SCHEMA_VERSION)
-        for table, required in _REQUIRED_COLUMNS.items():
-            columns = {row[1] for row in await conn.execute_fetchall(f"PRAGMA table_info({table})")}
-            if not required <= columns:
-                raise SchemaVersionError(
-                    f"table {table} lacks columns {sorted(required - columns)}: the database "
-                    "was written by another program (e.g. chatflow-agent); use a new file"
-                )
+        async with self._settle(tx, None):
+            await ensure_session_schema_in(tx)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:
@@ -364,62 +290,17 @@ class SQLiteSessionStore(SQLSessionStore):
         self, *, write: bool, on_commit: Callable[[], None] | None = None
     ) -> AsyncIterator[_SQLiteTransaction]:
         async with self._connection() as conn:
+            tx = _SQLiteTransaction(conn)
             try:
                 await conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             except sqlite3.Error as exc:
                 raise StorageError(f"cannot start a transaction: {exc}") from exc
             except BaseException:
                 # Cancelled while BEGIN was queued: it still runs, so undo it.
-                await self._rollback(conn)
+                await tx._rollback()
                 raise
-            tx = _SQLiteTransaction(conn)
-            try:
+            async with self._settle(tx, on_commit):
                 yield tx
-            except BaseException:
-                tx._active = False
-                await self._rollback(conn)
-                raise
-            tx._active = False
-            await self._commit(conn, on_commit)
-
-    async def _rollback(self, conn: aiosqlite.Connection) -> None:
-        try:
-            await conn.rollback()
-        except sqlite3.Error:
-            logger.warning("rolling back a session-store transaction failed", exc_info=True)
-
-    async def _commit(
-        self, conn: aiosqlite.Connection, on_commit: Callable[[], None] | None
-    ) -> None:
-        # The commit runs on aiosqlite's thread whatever happens to this task, so
-        # wait for its real outcome before acting on a cancellation.
-        commit = asyncio.ensure_future(conn.commit())
-        cancelled = False
-        while not commit.done():
-            try:
-                await asyncio.wait({commit})
-            except asyncio.CancelledError:
-                cancelled = True
-        error = commit.exception()
-        if error is not None:
-            await self._rollback(conn)
-            if isinstance(error, sqlite3.Error):
-                raise StorageError(f"commit failed: {error}") from error
-            raise error
-        if on_commit is not None:
-            on_commit()
-        if cancelled:
-            raise asyncio.CancelledError
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
-        """An ``async with`` block running SQL in one write transaction (``BEGIN IMMEDIATE``).
-
-        Commits when the block ends normally, rolls back on any exception. Inside
-        the block use only the yielded ``Transaction``, not the store itself.
-        """
-        async with self._transaction(write=True) as tx:
-            yield tx
 
     # -- sessions -------------------------------------------------------------------
 

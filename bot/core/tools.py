@@ -9,7 +9,6 @@ timeouts all come back to the model as an error result it can react to.
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 import json
 import logging
@@ -19,8 +18,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, get_type_hints, overload
 
+import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticSerializationError, to_json
+
+from bot.core._schema import build_json_schema
 
 __all__ = [
     "DEFAULT_TOOL_TIMEOUT",
@@ -39,13 +41,6 @@ DEFAULT_TOOL_TIMEOUT = 30.0
 """Seconds a tool may run before it is cancelled and reported as timed out."""
 
 _TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_SECTION_RE = re.compile(
-    r"^(Args|Arguments|Parameters|Params|Returns|Return|Yields|Raises|Examples?|Notes?|"
-    r"Attributes|See Also|Warnings?)\s*:\s*$",
-    re.IGNORECASE,
-)
-_ARG_SECTIONS = {"args", "arguments", "parameters", "params"}
-_ARG_LINE_RE = re.compile(r"^\*{0,2}(\w+)\s*(?:\(([^)]*)\))?\s*:\s*(.*)$")
 _MAX_ERROR_TEXT = 500
 
 
@@ -90,140 +85,30 @@ def _serialise(value: Any) -> str:
 
 @dataclass(frozen=True)
 class ParsedDocstring:
-    """The parts of a Google-style docstring a tool schema uses."""
+    """The parts of a docstring a tool schema uses."""
 
     description: str
-    """Text before the first section header, paragraphs joined."""
+    """Summary and long description, paragraphs kept, lines joined."""
     params: Mapping[str, str]
-    """Parameter name -> description, from the ``Args:`` section."""
+    """Parameter name -> description, from the ``Args:`` (or ``Parameters``) section."""
+
+
+def _reflow(text: str | None) -> str:
+    """Paragraphs kept, the lines inside each joined by single spaces."""
+    paragraphs = re.split(r"\n\s*\n", text or "")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs if p.strip())
 
 
 def parse_docstring(doc: str | None) -> ParsedDocstring:
-    """Split a Google-style docstring into its description and ``Args:`` entries."""
+    """A docstring's description and ``Args:`` entries (Google, NumPy or reST style)."""
     if not doc:
         return ParsedDocstring("", {})
-    lines = inspect.cleandoc(doc).splitlines()
-    description: list[str] = []
-    params: dict[str, str] = {}
-    section: str | None = None
-    current: str | None = None
-    arg_indent: int | None = None
-    for raw in lines:
-        stripped = raw.strip()
-        header = _SECTION_RE.match(stripped)
-        if header and (len(raw) - len(raw.lstrip())) == 0:
-            section = header.group(1).lower()
-            current = None
-            arg_indent = None
-            continue
-        if section is None:
-            description.append(stripped)
-            continue
-        if section not in _ARG_SECTIONS or not stripped:
-            continue
-        indent = len(raw) - len(raw.lstrip())
-        if arg_indent is None:
-            arg_indent = indent
-        match = _ARG_LINE_RE.match(stripped)
-        if indent <= arg_indent and match:
-            current = match.group(1)
-            params[current] = match.group(3).strip()
-        elif current is not None:
-            params[current] = f"{params[current]} {stripped}".strip()
-    paragraphs: list[str] = []
-    chunk: list[str] = []
-    for line in description:
-        if line:
-            chunk.append(line)
-        elif chunk:
-            paragraphs.append(" ".join(chunk))
-            chunk = []
-    if chunk:
-        paragraphs.append(" ".join(chunk))
-    return ParsedDocstring("\n\n".join(paragraphs), params)
-
-
-def _clean_schema(node: Any, *, in_name_map: bool = False) -> Any:
-    """Drop pydantic's titles and close objects (``additionalProperties: false``)."""
-    if isinstance(node, list):
-        return [_clean_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if in_name_map:
-        # Keys here are property or definition names, never schema keywords.
-        return {key: _clean_schema(value) for key, value in node.items()}
-    cleaned: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "title":
-            continue
-        cleaned[key] = _clean_schema(value, in_name_map=key in ("properties", "$defs"))
-    # Close every object with named properties; a mapping (``dict[str, int]``)
-    # keeps its own ``additionalProperties`` schema.
-    if "properties" in cleaned and "additionalProperties" not in cleaned:
-        cleaned["additionalProperties"] = False
-    return cleaned
-
-
-def _refs_in(node: Any) -> set[str]:
-    found: set[str] = set()
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            found.add(ref.removeprefix("#/$defs/"))
-        for value in node.values():
-            found |= _refs_in(value)
-    elif isinstance(node, list):
-        for item in node:
-            found |= _refs_in(item)
-    return found
-
-
-def _is_recursive(name: str, defs: Mapping[str, Any]) -> bool:
-    seen: set[str] = set()
-    stack = list(_refs_in(defs.get(name)))
-    while stack:
-        current = stack.pop()
-        if current == name:
-            return True
-        if current in seen:
-            continue
-        seen.add(current)
-        stack.extend(_refs_in(defs.get(current)))
-    return False
-
-
-def _inline_refs(node: Any, defs: Mapping[str, Any], keep: set[str]) -> Any:
-    """Replace ``$ref`` to non-recursive definitions by the definition itself.
-
-    Several providers (Gemini's endpoint among them) handle inline schemas
-    better than ``$defs`` references.
-    """
-    if isinstance(node, list):
-        return [_inline_refs(item, defs, keep) for item in node]
-    if not isinstance(node, dict):
-        return node
-    ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/$defs/"):
-        name = ref.removeprefix("#/$defs/")
-        if name not in keep and name in defs:
-            merged = copy.deepcopy(_inline_refs(defs[name], defs, keep))
-            for key, value in node.items():
-                if key != "$ref":
-                    merged[key] = _inline_refs(value, defs, keep)
-            return merged
-    return {key: _inline_refs(value, defs, keep) for key, value in node.items()}
-
-
-def build_json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The JSON schema a model sees for an arguments model: closed objects, refs inlined."""
-    schema = _clean_schema(model.model_json_schema())
-    defs: dict[str, Any] = schema.pop("$defs", {})
-    keep = {name for name in defs if _is_recursive(name, defs)}
-    result: dict[str, Any] = _inline_refs(schema, defs, keep)
-    if keep:
-        result["$defs"] = {name: _inline_refs(defs[name], defs, keep) for name in sorted(keep)}
-    result.setdefault("required", [])
-    return result
+    try:
+        parsed = docstring_parser.parse(doc)
+    except docstring_parser.ParseError:
+        return ParsedDocstring(_reflow(inspect.cleandoc(doc)), {})
+    params = {p.arg_name: _reflow(p.description) for p in parsed.params}
+    return ParsedDocstring(_reflow(parsed.description), params)
 
 
 def _describe_validation_error(exc: ValidationError) -> str:

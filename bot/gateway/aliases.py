@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from bot.core.memory import BaseSessionStore
+from bot.core.memory import TransactionalStore, require_transactional
 from bot.gateway.schema import ensure_schema
 
 __all__ = ["ChatAliases"]
@@ -36,8 +36,8 @@ _MIGRATIONS = {
 class ChatAliases:
     """Maps a platform chat id to the chat id its sessions are keyed by."""
 
-    def __init__(self, store: BaseSessionStore) -> None:
-        self._store = store
+    def __init__(self, store: TransactionalStore) -> None:
+        self._store = require_transactional(store, "the chat aliases")
         self._cache: dict[tuple[str, str], str] = {}
 
     async def open(self) -> None:

@@ -19,7 +19,10 @@ T = TypeVar("T")
 
 
 class DispatcherBusyError(ChatflowError):
-    """Too many messages are waiting; the platform should redeliver later."""
+    """Too many messages are waiting; the platform should redeliver later.
+
+    Raised by the gateway, which bounds the waiting turns itself (``MAX_QUEUED_MESSAGES``).
+    """
 
     retryable = True
 
@@ -33,25 +36,18 @@ class _Lane(Generic[T]):
 class SessionDispatcher(Generic[T]):
     """Runs ``handler(item)`` for submitted items, FIFO per session, sessions in parallel.
 
-    At most ``max_concurrent`` handlers run at once; with ``max_queued`` at most
-    that many items wait, and past that ``submit`` raises ``DispatcherBusyError``
-    so the caller can push back on the platform instead of dropping a message. Submitting a key
-    that is already queued or running is a no-op, so recovery and live traffic can
-    both offer the same inbound message safely.
+    At most ``max_concurrent`` handlers run at once. The queue is unbounded: the
+    caller decides what may wait (the gateway refuses messages before tx 1 past
+    ``MAX_QUEUED_MESSAGES``, so the platform keeps them). Submitting a key that is
+    already queued or running is a no-op, so recovery and live traffic can both
+    offer the same inbound message safely.
     """
 
-    def __init__(
-        self,
-        handler: Callable[[T], Awaitable[None]],
-        *,
-        max_concurrent: int,
-        max_queued: int | None = None,
-    ) -> None:
-        if max_concurrent <= 0 or (max_queued is not None and max_queued <= 0):
-            raise ValueError("max_concurrent and max_queued must be positive")
+    def __init__(self, handler: Callable[[T], Awaitable[None]], *, max_concurrent: int) -> None:
+        if max_concurrent <= 0:
+            raise ValueError("max_concurrent must be positive")
         self._handler = handler
         self._slots = asyncio.Semaphore(max_concurrent)
-        self._max_queued = max_queued
         self._lanes: dict[str, _Lane[T]] = {}
         self._keys: set[str] = set()
         self._queued = 0
@@ -70,17 +66,11 @@ class SessionDispatcher(Generic[T]):
         """Items submitted and not finished."""
         return len(self._keys)
 
-    def has_room(self) -> bool:
-        """Whether ``submit`` would accept one more item."""
-        return self._max_queued is None or self._queued < self._max_queued
-
     def submit(self, session_id: str, key: str, item: T) -> bool:
         """Queue ``item`` behind earlier items of ``session_id``; False if ``key`` is known,
         or once ``cancel`` ran (the item stays wherever it came from, e.g. the inbox)."""
         if key in self._keys or self._closed:
             return False
-        if not self.has_room():
-            raise DispatcherBusyError("too many messages waiting", retry_after=5.0)
         self._keys.add(key)
         self._queued += 1
         self._idle.clear()

@@ -3,10 +3,10 @@
 Durability points (see docs/ARCHITECTURE.md):
 - tx 1, ``Inbox.accept``: dedup claim + journal row. The adapter confirms the
   update to its platform only after it commits.
-- tx 2, the turn commit: new messages, pruned rows, session row, inbox row
-  ``done`` and the ledger obligation ``pending`` in one SQLite transaction.
-  The obligation is written already claimed (``attempting``) by this process.
-- then the send, and ``mark_delivered`` / ``mark_failed``.
+- tx 2, the turn commit (``Turns``): new messages, pruned rows, session row,
+  inbox row ``done`` and the ledger obligation, written already claimed
+  (``attempting``) by this process, in one transaction.
+- then the send (``Outbox``), and ``mark_delivered`` / ``mark_failed``.
 At start-up, once the adapters and the HTTP server are up, the ledger sweep
 queues what a dead process owed and the inbox re-runs turns that never
 committed, in the background (``ready`` turns true when that is done). With
@@ -19,65 +19,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 
 from bot.config import Settings
-from bot.core.memory import BaseSessionStore, Transaction
-from bot.core.runner import Runner, RunResult
+from bot.core.memory import TransactionalStore
+from bot.core.runner import Runner
 from bot.errors import ChatflowError, PlatformError
 from bot.gateway.aliases import ChatAliases
-from bot.gateway.contract import PlatformAdapter, StatusFailedHandler
+from bot.gateway.contract import PlatformAdapter
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
 from bot.gateway.events import MessageEvent, encodable
-from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
+from bot.gateway.gate import Gate
+from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.instances import InstanceRegistry
-from bot.gateway.keys import build_session_key, log_ref, session_id_for
-from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
+from bot.gateway.keys import log_ref, session_id_for
+from bot.gateway.ledger import DeliveryLedger, Obligation
+from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
+from bot.gateway.replies import Replies
+from bot.gateway.turns import Turns
 from bot.metrics import Metrics
 
 __all__ = ["Gateway", "Replies"]
 
 logger = logging.getLogger(__name__)
 
-TYPING_INTERVAL = 4.0
-"""Seconds between typing indications (Telegram's indicator fades after ~5 s)."""
-RETRY_POLL_SECONDS = 5.0
-"""How often failed sends are checked for a due retry."""
-SWEEP_INTERVAL_SECONDS = 60.0
-"""How often rows the operator re-queued (or a dead process left) are adopted."""
-PRUNE_INTERVAL_SECONDS = 3600.0
-"""How often delivered ledger rows and done inbox rows past retention are deleted."""
-ADAPTER_WAIT_SECONDS = 60.0
-"""Delay before a reply whose adapter is disconnected is tried again."""
-MAX_INBOUND_CHARS = 16_000
-"""Longer inbound texts are refused with a short answer instead of reaching the model."""
 MAX_ACCEPT_FAILURES = 5
 """Times one message may fail tx 1 while the database answers, before it is dropped
 as poison (logged) so the platform stops offering it and the chats behind it move."""
 ADAPTER_START_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Seconds between tries to start an adapter whose platform was unreachable."""
-
-
-@dataclass(frozen=True)
-class Replies:
-    """The fixed texts the gateway answers with when no turn runs."""
-
-    apology: str = (
-        "Sorry, something went wrong on my side and I could not answer that. "
-        "Please try again in a moment."
-    )
-    """Sent when a turn fails after its retries; the conversation is left as it was."""
-    media_only: str = "Sorry, I can only read text messages for now. Could you type it out?"
-    """Sent for a photo, voice note, sticker... without a caption."""
-    too_long: str = "That message is too long for me. Could you shorten it or split it up?"
-    """Sent for a text over ``MAX_INBOUND_CHARS``."""
-    reset: str = "Done: I have forgotten this conversation. What can I do for you?"
-    """Answer to ``/reset``."""
-    help: str = "Just write to me. /reset starts our conversation over, /help shows this message."
-    """Answer to ``/help``."""
-    greeting: str = "Hello! I'm {agent}. How can I help?"
-    """Answer to ``/start``; ``{agent}`` is the starting agent's name."""
 
 
 class Gateway:
@@ -86,7 +56,7 @@ class Gateway:
     def __init__(
         self,
         runner: Runner,
-        store: BaseSessionStore,
+        store: TransactionalStore,
         adapters: Sequence[PlatformAdapter],
         settings: Settings,
         *,
@@ -113,8 +83,21 @@ class Gateway:
             on_abandoned=lambda platform: self.metrics.abandoned.labels(platform).inc(),
         )
         self.aliases = ChatAliases(store)
+        self.gate = Gate(settings, self.aliases, secret)
         self._adapters = {a.name: a for a in adapters}
-        self._secret = secret
+        self.outbox = Outbox(
+            self.ledger, self._adapters, self.metrics, housekeeping=[self.inbox.prune]
+        )
+        self.turns = Turns(
+            runner,
+            store,
+            self.inbox,
+            self.ledger,
+            self.outbox,
+            self._adapters,
+            self.replies,
+            self.metrics,
+        )
         # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
         # tx 1, since a message once accepted must be queued whatever happens.
         # Turns and owed replies share the per-session lanes: a reply owed from
@@ -170,7 +153,7 @@ class Gateway:
         self._accepting = True
         for adapter in self._adapters.values():
             if adapter.on_status_failed is None:
-                adapter.on_status_failed = self._status_failed_handler(adapter.name)
+                adapter.on_status_failed = self.outbox.status_failed_handler(adapter.name)
             if not await self._start_adapter(adapter, first=True):
                 self._starters.append(asyncio.create_task(self._keep_starting(adapter)))
         self._recovery_task = asyncio.create_task(self._recover())
@@ -263,7 +246,7 @@ class Gateway:
         )
         for entry in suspects:
             try:
-                await self._process(entry, alone=True)
+                await self.turns.process(entry, alone=True)
             except Exception:
                 logger.exception("re-running an interrupted message failed")
         self._serve(rest, already_run={e.event.message_id for e in suspects})
@@ -281,7 +264,7 @@ class Gateway:
         self._ready = True
         self._ready_event.set()
         self._dispatcher.resume()
-        self._retry_task = asyncio.create_task(self._retry_loop())
+        self._retry_task = asyncio.create_task(self.outbox.run(self._stopping))
         if self.instances is not None:
             self._takeover_task = asyncio.create_task(self._takeover_loop())
 
@@ -331,35 +314,9 @@ class Gateway:
 
     # -- inbound -----------------------------------------------------------
 
-    def _allowed(self, event: MessageEvent) -> bool:
-        s = self.settings
-        if not s.allowed_users and not s.allowed_chats:
-            return True
-        return event.source.sender_id in s.allowed_users or self._chat_listed(
-            event, s.allowed_chats
-        )
-
-    def _addressed(self, event: MessageEvent) -> bool:
-        if event.source.chat_type == "dm":
-            return True
-        return event.addressed or self._chat_listed(event, self.settings.group_answer_all_chats)
-
-    def _chat_listed(self, event: MessageEvent, chats: Collection[str]) -> bool:
-        """Whether the chat is in ``chats`` by its id or by the id it had before a migration."""
-        chat_id = event.source.chat_id
-        return chat_id in chats or self.aliases.resolve(event.platform, chat_id) in chats
-
     def session_key_for(self, event: MessageEvent) -> str:
         """The logical session key of an event (hashed ids, aliases applied)."""
-        source = event.source
-        chat_id = self.aliases.resolve(source.platform, source.chat_id)
-        if chat_id != source.chat_id:
-            source = replace(source, chat_id=chat_id)
-        return build_session_key(
-            source,
-            group_sessions_per_user=self.settings.group_sessions_per_user,
-            secret=self._secret,
-        )
+        return self.gate.session_key_for(event)
 
     async def _on_event(self, event: MessageEvent) -> bool:
         """Adapter entry point: returns once the event is durably accepted or judged not ours."""
@@ -370,7 +327,7 @@ class Gateway:
         if event.migrate_from_chat_id is not None:
             await self.aliases.record(platform, event.source.chat_id, event.migrate_from_chat_id)
             return False
-        if not self._allowed(event) or not self._addressed(event):
+        if not self.gate.allowed(event) or not self.gate.addressed(event):
             self.metrics.ignored.labels(platform).inc()
             return False
         if not event.text.strip() and event.media_kind is None and event.command is None:
@@ -465,13 +422,6 @@ class Gateway:
         waiting = self._waiting_turns + self._admitting
         return waiting < self.settings.max_queued_messages
 
-    def _status_failed_handler(self, platform: str) -> StatusFailedHandler:
-        async def handler(platform_message_id: str, error: str) -> None:
-            # The ledger logs it against its obligation and keeps the error on the row.
-            await self.ledger.status_failed(platform_message_id, error, platform=platform)
-
-        return handler
-
     # -- one turn ----------------------------------------------------------
 
     async def _work(self, item: InboxEntry | Obligation) -> None:
@@ -479,222 +429,16 @@ class Gateway:
             self._queued_sends -= 1
             claimed = await self.ledger.claim(item)
             if claimed is not None:
-                await self._send(claimed)
+                await self.outbox.send(claimed)
         else:
-            await self._process(item)
-
-    async def _process(self, entry: InboxEntry, *, alone: bool = False) -> None:
-        event = entry.event
-        if entry.gave_up:
-            # It crashed the process again and again while running alone: the user is
-            # told, instead of being left without an answer (or crashing us forever).
-            await self._answer_without_turn(entry, self.replies.apology, error=GAVE_UP_ERROR)
-            return
-        if alone:
-            await self.inbox.mark_started_alone(event.message_id)
-        command = event.command
-        if command in ("start", "help", "reset"):
-            if command == "reset":
-                await self.store.delete(entry.session_id)
-            text = {
-                "start": self.replies.greeting.format(agent=self.runner.starting_agent.name),
-                "help": self.replies.help,
-                "reset": self.replies.reset,
-            }[command]
-            await self._answer_without_turn(entry, text)
-            return
-        if not event.text.strip():
-            await self._answer_without_turn(entry, self.replies.media_only)
-            return
-        if len(event.text) > MAX_INBOUND_CHARS:
-            await self._answer_without_turn(entry, self.replies.too_long, error="message too long")
-            return
-        await self._run_turn(entry)
-
-    async def _run_turn(self, entry: InboxEntry) -> None:
-        event = entry.event
-        adapter = self._adapters.get(event.platform)
-        obligation: list[Obligation] = []
-
-        async def commit(result: RunResult, tx: Transaction) -> None:
-            content = result.content
-            if adapter is not None:
-                content = adapter.format_reply(content, result.agent)
-            recorded = await self._record(tx, entry, content)
-            if recorded is not None:
-                obligation.append(recorded)
-            await self.inbox.mark_done_in(tx, event.message_id)
-
-        metadata = {
-            "platform": event.platform,
-            "chat_type": event.source.chat_type,
-            "session_key": entry.session_key,
-            "inbound_message_id": event.message_id,
-        }
-        typing = asyncio.create_task(self._keep_typing(event))
-        started = asyncio.get_running_loop().time()
-        try:
-            await self.runner.run_async(entry.session_id, event.text, metadata, on_commit=commit)
-        except InboxClaimLostError:
-            # Our lease lapsed and another process answers this message: nothing to send.
-            logger.info("turn in session %s discarded: taken over elsewhere", entry.session_id)
-            return
-        except ChatflowError as exc:
-            self.metrics.turns.labels("failed").inc()
-            logger.warning(
-                "turn failed in session %s (%s); sending an apology",
-                entry.session_id,
-                type(exc).__name__,
-            )
-            await self._answer_without_turn(entry, self.replies.apology, error=type(exc).__name__)
-            return
-        finally:
-            typing.cancel()
-            await asyncio.gather(typing, return_exceptions=True)
-            self.metrics.turn_duration.observe(asyncio.get_running_loop().time() - started)
-        self.metrics.turns.labels("ok").inc()
-        for item in obligation:
-            await self._send(item)
-
-    async def _answer_without_turn(
-        self, entry: InboxEntry, text: str, *, error: str | None = None
-    ) -> None:
-        """Record a fixed answer and close the inbox row in one transaction, then send it."""
-        adapter = self._adapters.get(entry.event.platform)
-        if adapter is not None:
-            text = adapter.format_reply(text, self.runner.starting_agent.name)
-        try:
-            async with self.store.transaction() as tx:
-                obligation = await self._record(tx, entry, text)
-                await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
-        except InboxClaimLostError:
-            logger.info("answer in session %s dropped: taken over elsewhere", entry.session_id)
-            return
-        except ChatflowError:
-            # The inbox row stays 'received': the next start-up answers it.
-            logger.exception("could not record an answer for session %s", entry.session_id)
-            return
-        if obligation is not None:
-            await self._send(obligation)
-
-    async def _record(self, tx: Transaction, entry: InboxEntry, content: str) -> Obligation | None:
-        """Record the reply owed, claimed by this process (sent right after the commit).
-
-        ``None`` when the ledger already holds this very reply: its own row is
-        delivered or on its way, so it is not sent again from here.
-        """
-        event = entry.event
-        obligation = Obligation.owed(
-            obligation_id=compute_obligation_id(entry.session_key, event.message_id, content),
-            session_key=entry.session_key,
-            session_id=entry.session_id,
-            platform=event.platform,
-            chat_id=event.source.chat_id,
-            thread_id=event.source.thread_id,
-            reply_to=event.platform_message_id,
-            content=content,
-            message_ref=event.message_id,
-        )
-        if not await self.ledger.record_in(tx, obligation, claimed=True):
-            return None
-        return replace(obligation, state="attempting", attempts=1)
-
-    async def _keep_typing(self, event: MessageEvent) -> None:
-        adapter = self._adapters.get(event.platform)
-        if adapter is None:
-            return
-        while True:
-            with contextlib.suppress(Exception):
-                await adapter.indicate_typing(event)
-            await asyncio.sleep(TYPING_INTERVAL)
+            await self.turns.process(item)
 
     # -- outbound ----------------------------------------------------------
-
-    async def _send(self, obligation: Obligation) -> None:
-        """Send one owed reply the ledger holds as ``attempting`` for this process."""
-        adapter = self._adapters.get(obligation.platform)
-        if adapter is None or not adapter.is_connected:
-            logger.warning(
-                "no connected %s adapter; reply %s waits",
-                obligation.platform,
-                obligation.obligation_id,
-            )
-            # Give the attempt back and look again later (or at the next start).
-            await self.ledger.mark_failed(
-                obligation.obligation_id,
-                "adapter not connected",
-                retryable=True,
-                retry_after=ADAPTER_WAIT_SECONDS,
-            )
-            return
-        if obligation.needs_marker:
-            self.metrics.resends.labels(obligation.platform).inc()
-        try:
-            result = await adapter.send(
-                obligation.chat_id,
-                obligation.outgoing_text,
-                thread_id=obligation.thread_id,
-                reply_to=obligation.reply_to,
-            )
-        except PlatformError as exc:
-            self.metrics.send_failures.labels(obligation.platform).inc()
-            logger.warning(
-                "sending reply %s failed (%s, retryable=%s, ambiguous=%s)",
-                obligation.obligation_id,
-                exc,
-                exc.retryable,
-                exc.ambiguous,
-            )
-            await self.ledger.mark_failed(
-                obligation.obligation_id,
-                str(exc),
-                retryable=exc.retryable,
-                retry_after=exc.retry_after,
-                ambiguous=exc.ambiguous,
-            )
-            return
-        except Exception as exc:
-            # An adapter bug: we cannot tell whether the message left, so resend with the marker.
-            logger.exception("adapter %s crashed while sending", obligation.platform)
-            await self.ledger.mark_failed(
-                obligation.obligation_id, repr(exc), retryable=True, ambiguous=True
-            )
-            return
-        self.metrics.replies_delivered.labels(obligation.platform).inc()
-        await self.ledger.mark_delivered(obligation.obligation_id, result.message_ids)
 
     async def retry_due(self, *, sweep: bool = False) -> int:
         """Send the failed replies whose retry is due (and, with ``sweep``, adopt
         rows re-queued by the operator or left by a dead process); returns how many."""
-        owed = await self.ledger.due_retries()
-        if sweep:
-            connected = {n for n, a in self._adapters.items() if a.is_connected}
-            owed += await self.ledger.sweep_recoverable(deliverable_platforms=connected)
-        for obligation in owed:
-            await self._send(obligation)
-        return len(owed)
-
-    async def _retry_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_sweep = loop.time() + SWEEP_INTERVAL_SECONDS
-        next_prune = loop.time()
-        while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), RETRY_POLL_SECONDS)
-            if self._stopping.is_set():
-                return
-            try:
-                await self.ledger.record_unrecorded()
-                sweep = loop.time() >= next_sweep
-                if sweep:
-                    next_sweep = loop.time() + SWEEP_INTERVAL_SECONDS
-                await self.retry_due(sweep=sweep)
-                if loop.time() >= next_prune:
-                    next_prune = loop.time() + PRUNE_INTERVAL_SECONDS
-                    await self.ledger.prune()
-                    await self.inbox.prune()
-            except Exception:
-                logger.exception("retrying failed replies failed; trying again later")
+        return await self.outbox.retry_due(sweep=sweep)
 
     # -- several processes (PostgreSQL) ---------------------------------------
 
@@ -711,7 +455,7 @@ class Gateway:
         connected = {n for n, a in self._adapters.items() if a.is_connected}
         owed = await self.ledger.sweep_recoverable(deliverable_platforms=connected)
         for obligation in owed:
-            await self._send(obligation)
+            await self.outbox.send(obligation)
         live = await self._live_owners()
         recovered = await self.inbox.recover(
             self.settings.auto_continue_freshness_seconds,

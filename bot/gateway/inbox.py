@@ -25,15 +25,15 @@ import json
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Final, Literal
 
-from bot.core.memory import BaseSessionStore, Transaction
+from bot.core.memory import Transaction, TransactionalStore, require_transactional
 from bot.errors import StorageError
 from bot.gateway.events import MessageEvent, event_from_dict, event_to_dict
-from bot.gateway.instances import Owner
-from bot.gateway.keys import log_ref
+from bot.gateway.instances import Owner, from_epoch, to_epoch
 from bot.gateway.schema import ensure_schema
+from bot.logs import log_ref
 
 __all__ = [
     "MAX_RECOVERIES",
@@ -87,12 +87,6 @@ class InboxClaimLostError(StorageError):
     run here must not commit."""
 
 
-def _epoch(moment: datetime) -> float:
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
 @dataclass(frozen=True, slots=True)
 class InboxEntry:
     """A message accepted earlier whose turn never committed, handed back to be run."""
@@ -117,12 +111,12 @@ class Inbox:
 
     def __init__(
         self,
-        store: BaseSessionStore,
+        store: TransactionalStore,
         *,
         clock: Callable[[], datetime] | None = None,
         owner: str | None = None,
     ) -> None:
-        self._store = store
+        self._store = store = require_transactional(store, "the inbox")
         self._clock = clock or store.now
         self._owner = owner or Owner.current().instance_id
         # On PostgreSQL other processes may take rows over: fence the turn commit.
@@ -157,7 +151,7 @@ class Inbox:
         fails; the adapter must then not confirm the update to its platform.
         """
         await self._ensure_open()
-        now = _epoch(self._clock())
+        now = to_epoch(self._clock())
         payload = json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
         async with self._store.transaction() as tx:
             if not await self._store.claim_in(tx, event.message_id):
@@ -193,7 +187,7 @@ class Inbox:
         already answered) raises ``InboxClaimLostError``.
         """
         await self._ensure_open_in(tx)
-        now = _epoch(self._clock())
+        now = to_epoch(self._clock())
         if not self._fenced:
             changed = await tx.execute(
                 f"UPDATE {_TABLE} SET state = 'done', error = ?, updated_at = ? "
@@ -231,20 +225,10 @@ class Inbox:
                 await tx.execute(
                     f"UPDATE {_TABLE} SET attempts = attempts + 1, updated_at = ? "
                     "WHERE message_id = ? AND state = 'received'",
-                    (_epoch(self._clock()), message_id),
+                    (to_epoch(self._clock()), message_id),
                 )
         except StorageError as exc:
             logger.warning("could not count a run of %s: %s", _ref(message_id), exc)
-
-    async def mark_done(self, message_id: str, error: str | None = None) -> bool:
-        """Mark a message ``done`` in its own transaction (a turn that failed for good).
-
-        Raises ``StorageError`` when the database fails; the row then stays
-        ``received`` and is offered again by the next ``recover``.
-        """
-        await self._ensure_open()
-        async with self._store.transaction() as tx:
-            return await self.mark_done_in(tx, message_id, error)
 
     async def recover(
         self, freshness_seconds: float, *, live_owners: Collection[str] | None = None
@@ -264,8 +248,7 @@ class Inbox:
         crashes the process must not crash it forever, nor be dropped in silence).
         """
         await self._ensure_open()
-        now_dt = self._clock()
-        now = _epoch(now_dt)
+        now = to_epoch(self._clock())
         cutoff = now - freshness_seconds
         entries: list[InboxEntry] = []
         expired = 0
@@ -317,7 +300,7 @@ class Inbox:
                         event=event,
                         session_key=str(session_key),
                         session_id=str(session_id),
-                        received_at=datetime.fromtimestamp(float(received_at), UTC),
+                        received_at=from_epoch(received_at),
                         attempts=int(attempts),
                         gave_up=gave_up,
                     )
@@ -347,7 +330,7 @@ class Inbox:
         never holds the database lock for long. Returns the number deleted.
         """
         await self._ensure_open()
-        cutoff = _epoch(self._clock()) - older_than.total_seconds()
+        cutoff = to_epoch(self._clock()) - older_than.total_seconds()
         total = 0
         while True:
             async with self._store.transaction() as tx:
@@ -362,16 +345,6 @@ class Inbox:
         if total:
             logger.debug("pruned %d inbox row(s)", total)
         return total
-
-    async def counts(self) -> dict[str, int]:
-        """Number of rows per state (every state present, zero included)."""
-        await self._ensure_open()
-        result = {"received": 0, "done": 0, "expired": 0}
-        async with self._store.transaction() as tx:
-            rows = await tx.fetchall(f"SELECT state, COUNT(*) FROM {_TABLE} GROUP BY state", ())
-        for state, count in rows:
-            result[str(state)] = int(count)
-        return result
 
 
 def _ref(message_id: str) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from bot.core.memory import BaseSessionStore, Transaction
+from bot.core.memory import Transaction, TransactionalStore, require_transactional
 from bot.errors import StorageError
 from bot.gateway.schema import ensure_schema
 
@@ -42,8 +42,10 @@ __all__ = [
     "InstanceRegistry",
     "Owner",
     "OwnerLiveness",
+    "from_epoch",
     "is_owner_alive",
     "lease_liveness",
+    "to_epoch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,23 @@ _MIGRATIONS: Final = {
         f"CREATE INDEX IF NOT EXISTS {_TABLE}_lease ON {_TABLE} (lease_expires_at)",
     ),
 }
+
+
+# -- row times ----------------------------------------------------------------
+# Inbox, ledger and registry rows store times as Unix seconds (REAL / DOUBLE
+# PRECISION), so both dialects compare them as plain numbers.
+
+
+def to_epoch(moment: datetime) -> float:
+    """Unix seconds of ``moment``; a naive ``moment`` is taken as UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def from_epoch(seconds: float) -> datetime:
+    """The UTC ``datetime`` of a stored Unix time."""
+    return datetime.fromtimestamp(float(seconds), UTC)
 
 
 # -- owners -------------------------------------------------------------------
@@ -155,7 +174,7 @@ async def _lease_valid_in(tx: Transaction, instance_id: str) -> bool:
     return row is not None
 
 
-def lease_liveness(store: BaseSessionStore) -> OwnerLiveness:
+def lease_liveness(store: TransactionalStore) -> OwnerLiveness:
     """An ``OwnerLiveness`` for PostgreSQL: alive iff the owner's lease has not expired.
 
     Needs the registry table (``InstanceRegistry.open`` or ``ensure_instances_schema``).
@@ -210,10 +229,6 @@ class InstanceInfo:
     """When its lease runs out unless renewed (database clock, UTC)."""
 
 
-def _utc(epoch: float) -> datetime:
-    return datetime.fromtimestamp(float(epoch), UTC)
-
-
 class InstanceRegistry:
     """This process's lease in ``chatflow_instances`` and a view of the other live processes.
 
@@ -224,13 +239,13 @@ class InstanceRegistry:
 
     def __init__(
         self,
-        store: BaseSessionStore,
+        store: TransactionalStore,
         *,
         owner: Owner | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         renew_every: float | None = None,
     ) -> None:
-        if store.dialect != "postgres":
+        if require_transactional(store, "the instance registry").dialect != "postgres":
             raise ValueError("the instance registry needs the PostgreSQL store")
         if not lease_seconds > 0:
             raise ValueError("lease_seconds must be positive")
@@ -385,7 +400,7 @@ class InstanceRegistry:
                 (),
             )
         return [
-            InstanceInfo(str(iid), int(pid), str(host), _utc(started), _utc(expires))
+            InstanceInfo(str(iid), int(pid), str(host), from_epoch(started), from_epoch(expires))
             for iid, pid, host, started, expires in rows
         ]
 

@@ -11,7 +11,6 @@ threads); the ``session_id`` derived from it is always safe as a file name.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -22,8 +21,9 @@ import stat
 import time
 from pathlib import Path
 
-from bot.core.memory import BaseSessionStore
+from bot.core.ids import set_log_safe_session_ids
 from bot.core.paths import is_path_unsafe, is_session_key_unsafe
+from bot.core.store import TransactionalStore
 from bot.errors import ConfigurationError, StorageError
 from bot.gateway.events import SessionSource
 from bot.gateway.schema import ensure_schema
@@ -32,11 +32,11 @@ from bot.logs import log_ref
 __all__ = [
     "KEY_PREFIX",
     "SECRET_FILE_NAME",
-    "aload_or_create_secret",
     "build_session_key",
     "hash_chat_id",
     "hash_id",
     "hash_sender_id",
+    "is_gateway_session_id",
     "is_path_unsafe",
     "is_session_key_unsafe",
     "load_or_create_secret",
@@ -138,6 +138,18 @@ def session_id_for(key: str) -> str:
     return session_id
 
 
+_SESSION_ID_RE = re.compile(r"[a-z0-9_]+-[0-9a-f]{16}")
+
+
+def is_gateway_session_id(session_id: str) -> bool:
+    """True for ids of ``session_id_for``'s form: already hashes, so logs show them as they are."""
+    return _SESSION_ID_RE.fullmatch(session_id) is not None
+
+
+# Core hashes every session id in logs unless told which are safe: ours are.
+set_log_safe_session_ids(is_gateway_session_id)
+
+
 def load_or_create_secret(data_dir: Path) -> bytes:
     """Return the installation secret, creating ``<data_dir>/secret.key`` on first start.
 
@@ -146,8 +158,8 @@ def load_or_create_secret(data_dir: Path) -> bytes:
     which fails if another process won the race) so no reader ever sees a
     half-written secret. A file with looser permissions is tightened, with a
     warning. The value is never logged. Blocking file I/O: call it once at
-    start-up, before the event loop serves traffic (or use
-    ``aload_or_create_secret``).
+    start-up, before the event loop serves traffic (or in a worker thread,
+    ``asyncio.to_thread``).
 
     Raises ``ConfigurationError`` if the file exists but does not hold a secret:
     replacing it would silently move every user to a new session.
@@ -157,11 +169,6 @@ def load_or_create_secret(data_dir: Path) -> bytes:
     if not path.exists():
         _create_secret_file(path)
     return _read_secret_file(path)
-
-
-async def aload_or_create_secret(data_dir: Path) -> bytes:
-    """``load_or_create_secret`` in a worker thread, for callers on the event loop."""
-    return await asyncio.to_thread(load_or_create_secret, data_dir)
 
 
 def _create_secret_file(path: Path) -> None:
@@ -220,7 +227,7 @@ def _read_secret_file(path: Path) -> bytes:
     return secret
 
 
-async def load_or_create_shared_secret(store: BaseSessionStore) -> bytes:
+async def load_or_create_shared_secret(store: TransactionalStore) -> bytes:
     """The installation secret kept in the database, created by whichever process asks first.
 
     Used on PostgreSQL, where several processes (with their own data

@@ -19,6 +19,8 @@ requests reach a fake Graph API.
 Group vs person: see ``is_group_chat_id`` (digits or a ``US.…`` id is a
 person, anything else a group); group ids get ``recipient_type: group`` and
 replies go to the group, never privately (pywa's ``msg.reply()`` is not used).
+
+Errors: ``whatsapp_errors`` turns a failed send into ``PlatformError``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import hmac
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -41,9 +43,16 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from bot.errors import ChatflowError, ConfigurationError, PlatformError
-from bot.gateway.contract import EventHandler, MessageEvent, PlatformAdapter, SendResult
+from bot.gateway.contract import (
+    EventHandler,
+    MessageEvent,
+    PlatformAdapter,
+    SendResult,
+    StatusFailedHandler,
+)
 from bot.logs import log_ref
 from bot.platforms.text import split_text
+from bot.platforms.whatsapp_errors import RETRYABLE_CODES, api_error, transport_error
 from bot.platforms.whatsapp_payload import (
     PLATFORM,
     WEBHOOK_OBJECT,
@@ -74,28 +83,9 @@ response shapes pywa builds are written against it."""
 MAX_BODY_BYTES = 3 * 1024 * 1024
 """Largest webhook body read; Meta's bodies are a few KB even when batched."""
 
-RETRYABLE_CODES: frozenset[int] = frozenset(
-    {
-        4,  # too many API calls (app level)
-        80007,  # WABA rate limit
-        130429,  # throughput (messages per second per number)
-        131048,  # spam rate limit
-        131056,  # pair rate: too many messages to one user
-        1,  # API unknown
-        2,  # API service temporarily unavailable
-        131000,  # something went wrong
-        131016,  # service unavailable
-    }
-)
-"""Meta error codes worth retrying later with backoff; every other code is permanent."""
-
-_AUTH_CODES = frozenset({0, 3, 10, 190, *range(200, 300)})
 _SIGNATURE_HEADER = "x-hub-signature-256"
 _SENT_IDS_KEPT = 10_000
 _TYPED_IDS_KEPT = 10_000
-
-StatusFailedHandler = Callable[[str, str], Awaitable[None]]
-"""``(wamid, error text)`` for a ``failed`` delivery status of a message we sent."""
 
 
 class _BoundedSet:
@@ -164,6 +154,7 @@ class WhatsAppAdapter(PlatformAdapter):
         self._on_event: EventHandler | None = None
         self._http: httpx.AsyncClient | None = None
         self._wa: WhatsApp | None = None
+        # wamids we sent: an inbound reply quoting one is a reply to the bot.
         self._sent_ids = _BoundedSet(_SENT_IDS_KEPT)
         self._typed_ids = _BoundedSet(_TYPED_IDS_KEPT)
 
@@ -428,70 +419,12 @@ class WhatsAppAdapter(PlatformAdapter):
                     reply_to_message_id=reply_to if index == 0 else None,
                 )
             except WhatsAppError as exc:
-                raise self._api_error(exc, index, len(parts)) from exc
+                raise api_error(exc, index, len(parts)) from exc
             except httpx.HTTPError as exc:
-                raise self._transport_error(exc, index, len(parts)) from exc
+                raise transport_error(exc, index, len(parts)) from exc
             ids.append(sent.id)
             self._sent_ids.add(sent.id)
         return SendResult(message_ids=ids)
-
-    def _api_error(self, exc: WhatsAppError, index: int, total: int) -> PlatformError:
-        code = exc.code
-        status = exc.status_code
-        retryable = (
-            code in RETRYABLE_CODES
-            or exc.is_transient is True
-            or (status is not None and status >= 500)
-        )
-        retry_after = None
-        if exc.raw_response is not None:
-            retry_after = _retry_after(exc.raw_response.headers.get("retry-after"))
-        level = logging.ERROR if code in _AUTH_CODES else logging.WARNING
-        logger.log(
-            level,
-            "WhatsApp send failed: error code %s (%s, HTTP %s, %s) at part %d/%d",
-            code,
-            type(exc).__name__,
-            status,
-            "retryable" if retryable else "permanent",
-            index + 1,
-            total,
-        )
-        if code == 131047:
-            what = "the 24-hour customer service window is closed; only a template can be sent"
-        else:
-            what = exc.message
-        return PlatformError(
-            f"WhatsApp error {code}: {what}",
-            platform=PLATFORM,
-            code=code,
-            retryable=retryable,
-            retry_after=retry_after,
-            # Earlier parts already went out: a resend would repeat them.
-            ambiguous=index > 0,
-        )
-
-    def _transport_error(self, exc: httpx.HTTPError, index: int, total: int) -> PlatformError:
-        # Errors raised before the request left this host: it certainly did not arrive.
-        not_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
-        ambiguous = index > 0 or not not_sent
-        logger.warning(
-            "WhatsApp send failed: %s at part %d/%d (%s)",
-            type(exc).__name__,
-            index + 1,
-            total,
-            "may have arrived" if ambiguous else "not sent",
-        )
-        return PlatformError(
-            f"WhatsApp request failed: {type(exc).__name__}",
-            platform=PLATFORM,
-            retryable=True,
-            ambiguous=ambiguous,
-        )
-
-    def is_our_message(self, wamid: str) -> bool:
-        """Whether ``wamid`` is one of the messages this process sent recently."""
-        return wamid in self._sent_ids
 
     def format_reply(self, text: str, agent_name: str) -> str:
         """WhatsApp shows replies as they are: ``text`` unchanged."""
@@ -516,13 +449,3 @@ class WhatsAppAdapter(PlatformAdapter):
 
 async def _pause(seconds: float) -> None:
     await asyncio.sleep(seconds)
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,13 +13,19 @@ from bot.core.agent import Agent
 from bot.core.memory import (
     DEFAULT_DEDUP_TTL_HOURS,
     KeyedLocks,
+    NotTransactionalError,
     SessionContext,
     SessionDeletedError,
     SessionStore,
+    TransactionalStore,
+    require_transactional,
     seq_runs,
+    set_log_safe_session_ids,
 )
 from bot.core.messages import Message, Role, ToolCall
+from bot.core.models.scripted import ScriptedModel
 from bot.core.paths import is_path_unsafe, is_session_key_unsafe
+from bot.core.runner import Runner
 from bot.errors import StorageError
 
 
@@ -324,10 +331,38 @@ async def test_keyed_locks_forget_unused_keys_even_after_cancellation() -> None:
     assert len(locks) == 0
 
 
+@pytest.fixture
+def gateway_ids_log_safe() -> Iterator[None]:
+    """The predicate ``bot.gateway.keys`` registers, for this test only."""
+    from bot.gateway.keys import is_gateway_session_id
+
+    previous = set_log_safe_session_ids(is_gateway_session_id)
+    yield
+    set_log_safe_session_ids(previous)
+
+
+@pytest.mark.usefixtures("gateway_ids_log_safe")
 def test_log_session_id_hides_free_form_ids() -> None:
     assert memory.log_session_id("telegram-0123456789abcdef") == "telegram-0123456789abcdef"
     hidden = memory.log_session_id("+15550199")
     assert "15550199" not in hidden and hidden.startswith("sid#")
+
+
+def test_core_alone_hashes_every_session_id_in_logs() -> None:
+    previous = set_log_safe_session_ids(None)
+    try:
+        hidden = memory.log_session_id("telegram-0123456789abcdef")
+    finally:
+        set_log_safe_session_ids(previous)
+    assert hidden.startswith("sid#") and "0123456789abcdef" not in hidden
+
+
+def test_the_gateway_registers_its_ids_as_log_safe() -> None:
+    import bot.gateway.keys  # registers its predicate at import
+
+    session_id = bot.gateway.keys.session_id_for("agent:main:telegram:dm:chat_0123456789ab")
+    assert memory.log_session_id(session_id) == session_id
+    assert memory.log_session_id("telegram-not-hex-at-all!").startswith("sid#")
 
 
 # -- in-memory store specifics -----------------------------------------------------------
@@ -336,17 +371,32 @@ def test_log_session_id_hides_free_form_ids() -> None:
 async def test_memory_store_cannot_run_sql(agent: Agent) -> None:
     store = SessionStore()
     session = await store.get_or_create("s", agent)
-    with pytest.raises(StorageError, match="in-memory store cannot run SQL"):
-        async with store.transaction():
-            pass
+    # Not a TransactionalStore: no transaction(), claim_in() or save(also=...) at all.
+    assert not isinstance(store, TransactionalStore)
+    assert not hasattr(store, "transaction") and not hasattr(store, "claim_in")
+    with pytest.raises(StorageError, match="in-memory store cannot run SQL") as info:
+        require_transactional(store, "the inbox")
+    assert isinstance(info.value, NotTransactionalError) and isinstance(info.value, TypeError)
+    assert "the inbox" in str(info.value)
 
     async def hook(tx: object) -> None:
         raise AssertionError("never called")
 
-    with pytest.raises(StorageError, match="in-memory store cannot run SQL"):
-        await store.save(session, also=hook)
-    with pytest.raises(StorageError):
-        await store.claim_in(object(), "m")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="also"):
+        await store.save(session, also=hook)  # type: ignore[call-arg]
+
+
+async def test_on_commit_with_the_memory_store_fails_before_the_model_runs(agent: Agent) -> None:
+    async def on_commit(result: object, tx: object) -> None:
+        raise AssertionError("never called")
+
+    model = ScriptedModel([ScriptedModel.reply("never sent")])
+    runner = Runner(agent, SessionStore(), model=model)
+    with pytest.raises(NotTransactionalError, match="on_commit"):
+        await runner.run_async("s", "hi", on_commit=on_commit)
+    assert model.requests == []
+    loaded = await runner.store.get("s")
+    assert loaded is not None and loaded.history == []
 
 
 async def test_memory_store_placeholder_is_not_needed(

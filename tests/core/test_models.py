@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,13 +30,12 @@ from bot.core.models import (
     ToolSpec,
     default_model_name,
     gemini_compatible_schema,
-    resolve_model,
     route_model,
     sanitize_history,
     to_openai_messages,
 )
 from bot.errors import ConfigurationError, ModelError
-from tests.fakes.openai_server import FakeOpenAIServer, validate_chat_request
+from tests.fakes.openai_server import FakeOpenAIServer, FakeResponse, validate_chat_request
 
 LOOKUP = ToolSpec(
     "lookup_order",
@@ -159,7 +160,7 @@ def test_translation_puts_one_system_message_first() -> None:
 
 
 class Sleeps:
-    """An injectable backoff sleep that records the waits and returns at once."""
+    """An injectable retry sleep that records the SDK's waits and returns at once."""
 
     def __init__(self) -> None:
         self.delays: list[float] = []
@@ -243,7 +244,7 @@ async def test_500_then_429_with_retry_after_then_success(
     assert response.content == "finally"
     assert [r.status for r in server.chat_requests] == [500, 429, 200]
     assert len(sleeps.delays) == 2
-    assert 0.25 <= sleeps.delays[0] <= 0.5  # first backoff: jitter within [base/2, base]
+    assert 0.25 <= sleeps.delays[0] <= 0.5  # the SDK's first backoff: 0.5 s less jitter
     assert sleeps.delays[1] == 7.0  # Retry-After honoured
 
 
@@ -255,7 +256,9 @@ async def test_retries_exhausted_raise_a_retryable_model_error(
         await complete(client)
     assert info.value.retryable
     assert info.value.status_code == 503
+    assert isinstance(info.value.__cause__, openai.InternalServerError)
     assert len(server.chat_requests) == 4
+    assert [r.headers["x-stainless-retry-count"] for r in server.chat_requests] == list("0123")
     assert len(sleeps.delays) == 3
     assert sleeps.delays == sorted(sleeps.delays)  # exponential growth
 
@@ -281,6 +284,7 @@ async def test_permanent_errors_are_not_retried(
         await complete(client)
     assert not info.value.retryable
     assert info.value.status_code == status
+    assert isinstance(info.value.__cause__, openai.APIStatusError)
     assert len(server.chat_requests) == 1
     assert sleeps.delays == []
 
@@ -308,15 +312,37 @@ async def test_retry_after_past_the_deadline_fails_at_once(
         await model.aclose()
     assert info.value.retry_after == 120
     assert info.value.retryable
+    assert len(server.chat_requests) == 1
     assert sleeps.delays == []
 
 
-async def test_malformed_json_body_is_retried(
-    server: FakeOpenAIServer, client: OpenAICompatibleModel, sleeps: Sleeps
+def _no_choices() -> FakeResponse:
+    body = FakeOpenAIServer.completion("x")
+    body["choices"] = []
+    return FakeResponse(body=body)
+
+
+@pytest.mark.parametrize(
+    ("unusable", "message"),
+    [(FakeOpenAIServer.malformed(), "malformed JSON"), (_no_choices(), "without choices")],
+    ids=["malformed-json", "no-choices"],
+)
+async def test_an_unusable_answer_is_retried_then_reported(
+    server: FakeOpenAIServer, sleeps: Sleeps, unusable: FakeResponse, message: str
 ) -> None:
-    server.add(server.malformed(), server.reply("ok"))
-    assert (await complete(client)).content == "ok"
-    assert len(sleeps.delays) == 1
+    model = OpenAICompatibleModel(server.api_key, server.base_url, max_retries=1, sleep=sleeps)
+    server.add(unusable, server.reply("ok"))
+    try:
+        assert (await complete(model)).content == "ok"
+        assert len(sleeps.delays) == 1
+        server.add(unusable, unusable)
+        with pytest.raises(ModelError, match=message) as info:
+            await complete(model)
+    finally:
+        await model.aclose()
+    assert info.value.retryable
+    assert isinstance(info.value.__cause__, openai.APIConnectionError)
+    assert len(server.chat_requests) == 4
 
 
 async def test_request_timeout_is_retried_then_reported(
@@ -332,6 +358,7 @@ async def test_request_timeout_is_retried_then_reported(
     finally:
         await model.aclose()
     assert info.value.retryable
+    assert isinstance(info.value.__cause__, openai.APITimeoutError)
     assert len(server.chat_requests) == 2
     assert len(sleeps.delays) == 1
 
@@ -348,7 +375,56 @@ async def test_connection_refused_is_a_retryable_model_error(sleeps: Sleeps) -> 
     finally:
         await model.aclose()
     assert info.value.retryable
+    assert type(info.value.__cause__) is openai.APIConnectionError
     assert len(sleeps.delays) == 2
+
+
+# The SDK's own waits, nothing injected: the server directs them with retry-after-ms.
+
+
+async def test_the_sdk_waits_out_retry_after_ms(server: FakeOpenAIServer) -> None:
+    model = OpenAICompatibleModel(server.api_key, server.base_url)
+    server.add(server.error(503, headers={"retry-after-ms": "50"}), server.reply("ok"))
+    try:
+        assert (await complete(model)).content == "ok"
+    finally:
+        await model.aclose()
+    first, second = server.chat_requests
+    assert second.received_at - first.received_at >= 0.045
+    assert second.headers["x-stainless-retry-count"] == "1"
+
+
+async def test_total_timeout_bounds_the_call_retries_and_waits_included(
+    server: FakeOpenAIServer,
+) -> None:
+    server.responder = lambda _: FakeOpenAIServer.error(503, headers={"retry-after-ms": "20"})
+    model = OpenAICompatibleModel(
+        server.api_key, server.base_url, max_retries=1000, total_timeout=0.15
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(ModelError) as info:  # the last 503, or "gave up after 0.15 s"
+            await complete(model)
+    finally:
+        await model.aclose()
+    assert time.monotonic() - started < 0.15 + 0.5
+    assert info.value.retryable
+    assert 2 <= len(server.chat_requests) <= 0.15 / 0.02 + 1
+
+
+async def test_total_timeout_cuts_a_request_slower_than_it(server: FakeOpenAIServer) -> None:
+    model = OpenAICompatibleModel(
+        server.api_key, server.base_url, request_timeout=30, total_timeout=0.1
+    )
+    server.add(server.held(server.reply("late")))
+    started = time.monotonic()
+    try:
+        with pytest.raises(ModelError, match="gave up") as info:
+            await complete(model)
+    finally:
+        await model.aclose()
+    assert time.monotonic() - started < 1.0
+    assert info.value.retryable
 
 
 async def test_orphans_are_removed_before_the_request(
@@ -510,13 +586,15 @@ def test_router_caches_one_client_per_endpoint_and_key() -> None:
     assert "sk-o" not in repr(first) and "sk-o" not in repr(KEYS)
 
 
-def test_resolve_model_accepts_the_app_settings_with_secret_keys() -> None:
-    settings = Settings(openai_api_key="sk-from-env", default_model="gpt-4o")
-    model, name = resolve_model("gpt-4o", settings)
+def test_router_accepts_the_app_settings_with_secret_keys() -> None:
+    settings = ModelSettings.from_settings(
+        Settings(openai_api_key="sk-from-env", default_model="gpt-4o")
+    )
+    model, name = ModelRouter(settings).resolve("gpt-4o")
     assert isinstance(model, OpenAICompatibleModel)
     assert model.api_key == "sk-from-env"
     assert name == "gpt-4o"
-    assert ModelSettings.from_settings(settings).default_model == "gpt-4o"
+    assert settings.default_model == "gpt-4o"
 
 
 @pytest.mark.parametrize(

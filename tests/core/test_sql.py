@@ -90,6 +90,15 @@ def test_portable_ddl_widens_types_on_postgres_only() -> None:
     )
 
 
+def test_portable_ddl_makes_sqlite_row_ids_identity_columns_on_postgres() -> None:
+    ddl = "CREATE TABLE t (id INTEGER  PRIMARY KEY, n INTEGER NOT NULL, k TEXT PRIMARY KEY)"
+    assert portable_ddl(ddl, "sqlite") == ddl
+    assert portable_ddl(ddl, "postgres") == (
+        "CREATE TABLE t (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+        "n BIGINT NOT NULL, k TEXT PRIMARY KEY)"
+    )
+
+
 def test_advisory_keys_are_signed_64_bit_and_stable() -> None:
     keys = {advisory_key(f"session-{i}") for i in range(1000)}
     assert len(keys) == 1000

@@ -51,9 +51,6 @@ def test_default_max_turns_must_be_positive(tmp_path: Path, bad: int) -> None:
 def test_db_path_property(tmp_path: Path) -> None:
     store = SQLiteSessionStore(tmp_path / "a.db")
     assert store.db_path == str(tmp_path / "a.db")
-    assert not store.in_memory
-    assert SQLiteSessionStore(":memory:").in_memory
-    assert SQLiteSessionStore("file:x?mode=memory&cache=shared").in_memory
 
 
 # -- persistence -------------------------------------------------------------------------
@@ -99,7 +96,7 @@ async def test_unknown_agent_loads_a_placeholder(
         await store.save(session)
     async with SQLiteSessionStore(path) as store:
         store.set_agent_resolver(lambda name: None)
-        with caplog.at_level(logging.WARNING, logger="bot.core.memory"):
+        with caplog.at_level(logging.WARNING, logger="bot.core.store"):
             loaded = await store.get("s")
     assert loaded is not None
     assert loaded.active_agent.name == "Billing"

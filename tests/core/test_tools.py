@@ -9,6 +9,7 @@ import threading
 from enum import Enum
 from typing import Annotated, Any, Literal
 
+import docstring_parser
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -347,6 +348,42 @@ def test_docstring_parser_handles_types_and_other_sections() -> None:
     )
     assert parsed.description == "Summary line."
     assert dict(parsed.params) == {"a": "First.", "b": "Second, continued."}
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        "Find it.\n\nParameters\n----------\nname : str\n    What to\n    find.\n",
+        "Find it.\n\n:param name: What to\n    find.\n:returns: the thing.\n",
+    ],
+    ids=["numpy", "rest"],
+)
+def test_numpy_and_rest_docstrings_describe_parameters_too(doc: str) -> None:
+    parsed = parse_docstring(doc)
+    assert parsed.description == "Find it."
+    assert dict(parsed.params) == {"name": "What to find."}
+
+
+def test_a_docstring_the_parser_refuses_becomes_the_description(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(text: str | None, style: object = None) -> None:
+        raise docstring_parser.ParseError("refused")
+
+    monkeypatch.setattr(docstring_parser, "parse", refuse)
+
+    @tool
+    def find(name: str) -> str:
+        """Find it
+        by name.
+
+        Args:
+            name: What.
+        """
+        return name
+
+    assert find.description == "Find it by name.\n\nArgs: name: What."
+    assert "description" not in find.params_json_schema["properties"]["name"]
 
 
 @given(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=4))

@@ -57,6 +57,8 @@ class RecordedRequest:
     """Decoded JSON body (``None`` if it was not JSON)."""
     status: int = 0
     """HTTP status the server answered."""
+    received_at: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` when the request arrived."""
 
     @property
     def messages(self) -> list[dict[str, Any]]:

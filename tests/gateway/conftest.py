@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bot import testing
 from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.models.scripted import ScriptedModel
@@ -41,25 +42,14 @@ EventFactory = Callable[..., MessageEvent]
 
 
 def build_event(message_id: str = "telegram:42:1", **kwargs: Any) -> MessageEvent:
-    """A DM text event; keyword arguments override event fields (``source`` too)."""
-    source = kwargs.pop(
-        "source",
-        SessionSource(
-            platform="telegram",
-            chat_id="42",
-            chat_type="dm",
-            sender_id="42",
-            sender_name="Ana",
-        ),
-    )
+    """A Telegram DM text event; keyword arguments override event fields (``source`` too)."""
     kwargs.setdefault("text", "hola")
     kwargs.setdefault("timestamp", datetime(2025, 1, 1, 11, 59, tzinfo=UTC))
-    return MessageEvent(
-        platform=kwargs.pop("platform", source.platform),
-        message_id=message_id,
-        source=source,
-        **kwargs,
-    )
+    source = kwargs.pop("source", SessionSource("telegram", "42", "dm", "42", sender_name="Ana"))
+    text = kwargs.pop("text")
+    platform = kwargs.pop("platform", source.platform)
+    event = testing.make_event(text, message_id=message_id, platform=platform, **kwargs)
+    return replace(event, source=source, platform_message_id=None)
 
 
 @pytest.fixture

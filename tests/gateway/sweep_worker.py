@@ -22,6 +22,7 @@ from typing import Any
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.gateway import ledger as ledger_module
 from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger_sweep import Recovery
 
 TIMEOUT = 30.0
 
@@ -39,7 +40,7 @@ def claim_in_lockstep(barrier: Path, name: str, workers: int) -> None:
     original = DeliveryLedger._settle
     waited = False
 
-    async def settle(self: DeliveryLedger, *args: Any, **kwargs: Any) -> Any:
+    async def settle(self: Recovery, *args: Any, **kwargs: Any) -> Any:
         nonlocal waited
         if not waited:
             waited = True

@@ -110,8 +110,9 @@ async def test_failed_turn_sends_one_apology_and_leaves_the_session_as_it_was(
     after = await rig.store.get(sessions[0])
     assert after is not None
     assert after.history == before.history
-    counts = await rig.gateway.inbox.counts()
-    assert counts.get("received", 0) == 0
+    async with rig.store.transaction() as tx:
+        waiting = await tx.fetchall("SELECT 1 FROM chatflow_inbox WHERE state = 'received'")
+    assert waiting == []
 
 
 async def test_media_without_caption_gets_the_text_only_answer(
@@ -145,7 +146,7 @@ async def test_retry_after_keeps_the_reply_and_spends_no_attempt(
     rig.model.add(ScriptedModel.reply("later"))
     await rig.adapter.deliver(make_event("hi"))
     assert await rig.gateway._dispatcher.drain(5)
-    rows = await rig.gateway.ledger.list(state="failed")
+    rows = await rig.gateway.ledger.list_obligations(state="failed")
     assert len(rows) == 1
     assert rows[0].attempts == 0
     assert rig.adapter.sent == []
@@ -157,7 +158,7 @@ async def test_permanent_send_error_abandons_with_a_reason(rigs: Callable[..., o
     rig.model.add(ScriptedModel.reply("hello"))
     await rig.adapter.deliver(make_event("hi"))
     assert await rig.gateway._dispatcher.drain(5)
-    rows = await rig.gateway.ledger.list(state="abandoned")
+    rows = await rig.gateway.ledger.list_obligations(state="abandoned")
     assert len(rows) == 1
     assert "blocked" in (rows[0].last_error or "")
 
@@ -210,7 +211,7 @@ async def test_unconnected_adapter_keeps_its_rows_without_spending_attempts(
     await store.close()
 
     offline: Rig = await rigs(connected=False)  # type: ignore[misc]
-    rows = await offline.gateway.ledger.list()
+    rows = await offline.gateway.ledger.list_obligations()
     assert [r.attempts for r in rows] == [1]
     await offline.gateway.stop(grace=1)
     await offline.store.close()
@@ -244,7 +245,7 @@ async def test_operator_retry_of_an_abandoned_reply_is_sent_by_the_next_sweep(
     rig.model.add(ScriptedModel.reply("try me again"))
     await rig.adapter.deliver(make_event("hi"))
     assert await rig.gateway._dispatcher.drain(5)
-    (row,) = await rig.gateway.ledger.list(state="abandoned")
+    (row,) = await rig.gateway.ledger.list_obligations(state="abandoned")
     assert await rig.gateway.ledger.retry(row.obligation_id)
     assert await rig.gateway.retry_due(sweep=True) == 1
     assert [s.text for s in rig.adapter.sent] == ["try me again"]
@@ -260,7 +261,7 @@ async def test_failed_status_is_recorded_against_its_obligation(
     rig.model.add(ScriptedModel.reply("delivered, then failed"))
     await rig.adapter.deliver(make_event("hi"))
     assert await rig.gateway._dispatcher.drain(5)
-    (row,) = await rig.gateway.ledger.list(state="delivered")
+    (row,) = await rig.gateway.ledger.list_obligations(state="delivered")
     await handler(row.sent_ids[0], "131026 undeliverable")
     again = await rig.gateway.ledger.get(row.obligation_id)
     assert again is not None and "131026" in (again.last_error or "")

@@ -20,7 +20,6 @@ from bot.errors import ConfigurationError
 from bot.gateway import keys
 from bot.gateway.events import SessionSource
 from bot.gateway.keys import (
-    aload_or_create_secret,
     build_session_key,
     hash_chat_id,
     hash_id,
@@ -321,11 +320,6 @@ def test_secret_is_created_0600_and_reused(tmp_path: Path) -> None:
     assert path.read_text().strip() == first.hex()
     assert load_or_create_secret(data) == first
     assert [p.name for p in data.iterdir()] == ["secret.key"]  # no temp file left
-
-
-async def test_async_loader_gives_the_same_secret(tmp_path: Path) -> None:
-    first = await aload_or_create_secret(tmp_path)
-    assert await aload_or_create_secret(tmp_path) == first == load_or_create_secret(tmp_path)
 
 
 def test_two_installations_get_different_secrets(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from bot.errors import PlatformError
-from bot.gateway.events import MessageEvent
+from bot.gateway.contract import MessageEvent
 from bot.platforms.base import EventHandler, PlatformAdapter, SendResult
 from bot.platforms.console import CONSOLE_CHAT_ID, CONSOLE_SENDER_ID, PROMPT, ConsoleAdapter
 

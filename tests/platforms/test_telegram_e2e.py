@@ -14,7 +14,7 @@ import pytest
 from starlette.applications import Starlette
 
 from bot.errors import ChatflowError, ConfigurationError, PlatformError
-from bot.gateway.events import MessageEvent
+from bot.gateway.contract import MessageEvent
 from bot.platforms.telegram import WEBHOOK_PATH, TelegramAdapter
 from bot.platforms.text import utf16_len
 from tests.fakes.telegram_server import FakeTelegramServer, Fault

@@ -20,8 +20,8 @@ from starlette.applications import Starlette
 
 import bot.platforms.telegram as telegram_module
 from bot.errors import PlatformError, StorageError
-from bot.gateway.events import MessageEvent
-from bot.gateway.keys import log_ref
+from bot.gateway.contract import MessageEvent
+from bot.logs import log_ref
 from bot.platforms.telegram import WEBHOOK_PATH, TelegramAdapter
 from tests.fakes.telegram_server import FakeTelegramServer, Fault
 

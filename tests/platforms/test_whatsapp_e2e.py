@@ -1,6 +1,6 @@
 """WhatsApp end to end over real HTTP on 127.0.0.1.
 
-The adapter's webhook route runs in a real uvicorn server, Meta's side is a
+The adapter's webhook route runs in the bot's own ``HttpServer`` (uvicorn), Meta's side is a
 ``WebhookSender`` posting signed bodies, and replies go to the fake Graph API.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 
 from bot.errors import PlatformError
-from bot.gateway.events import MessageEvent
+from bot.gateway.contract import MessageEvent
 from bot.platforms.whatsapp import WEBHOOK_PATH, WhatsAppAdapter
+from bot.server import HttpServer
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
 from tests.fakes.whatsapp_webhook import GROUP_ID, PHONE_NUMBER_ID, USER_WA_ID, WebhookSender
 
@@ -73,29 +73,6 @@ class Gateway:
             await asyncio.gather(*self._tasks)
 
 
-@contextlib.asynccontextmanager
-async def serve(app: Starlette) -> AsyncIterator[str]:
-    """Run ``app`` in uvicorn on a free 127.0.0.1 port; yield its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="off", ws="none", http="h11", access_log=False
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(5):
-            while not server.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-
-
 @dataclass
 class Rig:
     graph: FakeWhatsAppServer
@@ -121,10 +98,16 @@ async def rig(*, reply: bool = True, read_timeout: float = 10.0) -> AsyncIterato
         )
         gateway = Gateway(adapter, reply=reply)
         await adapter.start(gateway.on_event)
+        # The bot's own server, on a free port.
+        server = HttpServer(Starlette(routes=list(adapter.routes())), "127.0.0.1", 0)
         try:
-            async with serve(Starlette(routes=list(adapter.routes()))) as base:
-                yield Rig(graph, adapter, gateway, WebhookSender(base + WEBHOOK_PATH, APP_SECRET))
+            await server.start()
+            try:
+                url = f"http://127.0.0.1:{server.port}{WEBHOOK_PATH}"
+                yield Rig(graph, adapter, gateway, WebhookSender(url, APP_SECRET))
                 await gateway.drain()
+            finally:
+                await server.stop()
         finally:
             await adapter.stop()
 
@@ -144,7 +127,7 @@ async def test_signed_text_is_answered_through_the_graph_api() -> None:
     assert sent.json["text"]["body"] == "Recibido: ¿Abrís hoy?"
     (result,) = r.gateway.results
     assert result.message_ids[0].startswith("wamid.")
-    assert r.adapter.is_our_message(result.message_ids[0])
+    assert result.message_ids[0] in r.adapter._sent_ids  # a reply quoting it is to the bot
 
 
 async def test_verify_handshake_over_http() -> None:

@@ -12,7 +12,7 @@ import respx
 from pywa.types.sent_update import RecipientType
 
 from bot.errors import PlatformError
-from bot.gateway.events import MessageEvent, SessionSource
+from bot.gateway.contract import MessageEvent, SessionSource
 from bot.platforms import whatsapp as whatsapp_module
 from bot.platforms.text import split_text
 from bot.platforms.whatsapp import DEFAULT_API_VERSION, WhatsAppAdapter
@@ -99,7 +99,7 @@ async def test_text_to_a_person(adapter: WhatsAppAdapter, graph: respx.MockRoute
         "to": USER,
         "text": {"body": "Hola", "preview_url": False},
     }
-    assert adapter.is_our_message(wamid)
+    assert wamid in adapter._sent_ids  # a reply quoting it is to the bot
 
 
 async def test_reply_quotes_the_message(adapter: WhatsAppAdapter, graph: respx.MockRouter) -> None:
@@ -149,7 +149,7 @@ async def test_long_text_goes_in_ordered_parts_quoting_only_the_first(
     assert all("context" not in b for b in bodies[1:])
     joined = " ".join(b["text"]["body"] for b in bodies)
     assert joined.split() == text.split()
-    assert all(adapter.is_our_message(i) for i in result.message_ids)
+    assert all(i in adapter._sent_ids for i in result.message_ids)
 
 
 async def test_parts_are_paced(
@@ -297,7 +297,7 @@ async def test_later_part_failing_is_ambiguous(
         await adapter.send(USER, "\n\n".join(["y" * 4000] * 2))
     assert info.value.ambiguous
     assert info.value.retryable
-    assert adapter.is_our_message(first)
+    assert first in adapter._sent_ids
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from bot.core._schema import gemini_compatible_schema
 from bot.core.models.base import (
     ChatModel,
     ModelResponse,
@@ -27,7 +28,6 @@ from bot.core.models.routing import (
     ModelSettingsSource,
     Route,
     default_model_name,
-    resolve_model,
     route_model,
 )
 from bot.core.models.scripted import RecordedCall, ScriptedModel, ScriptExhaustedError
@@ -36,14 +36,12 @@ if TYPE_CHECKING:
     from bot.core.models.openai_compat import (
         INVALID_JSON_ARGUMENTS,
         OpenAICompatibleModel,
-        gemini_compatible_schema,
         to_openai_messages,
     )
 
 _LAZY = {
     "INVALID_JSON_ARGUMENTS": "bot.core.models.openai_compat",
     "OpenAICompatibleModel": "bot.core.models.openai_compat",
-    "gemini_compatible_schema": "bot.core.models.openai_compat",
     "to_openai_messages": "bot.core.models.openai_compat",
 }
 
@@ -68,7 +66,6 @@ __all__ = [
     "current_agent_name",
     "default_model_name",
     "gemini_compatible_schema",
-    "resolve_model",
     "route_model",
     "sanitize_history",
     "to_openai_messages",

@@ -1,34 +1,44 @@
 """Chat Completions client for OpenAI and every OpenAI-compatible server.
 
 One ``openai.AsyncOpenAI`` per (base URL, key) covers OpenAI, Gemini's
-OpenAI endpoint, Ollama, vLLM and llama.cpp. The SDK's own retries are
-off: this module retries 429, 5xx, connection errors and timeouts itself,
-with exponential backoff and jitter, honouring ``Retry-After``, inside one
-total deadline, so a slow provider never holds a turn longer than asked.
+OpenAI endpoint, Ollama, vLLM and llama.cpp. Retries are the SDK's own
+(``max_retries``: connection errors, timeouts, 408/409/429 and 5xx, with
+exponential backoff and jitter, or the server's ``Retry-After`` /
+``retry-after-ms``), all inside one total deadline (``asyncio.timeout``), so a
+slow provider never holds a turn longer than asked. A response hook adds what
+the SDK cannot know: a 2xx body that is no completion is retried, and neither
+``insufficient_quota`` nor a ``Retry-After`` past the deadline is waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import logging
-import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
+import httpx2
 import openai
 from openai.types.chat import (
     ChatCompletion,
     ChatCompletionMessageCustomToolCall,
     ChatCompletionMessageFunctionToolCall,
 )
+from typing_extensions import override
 
+from bot.core._schema import SchemaTransform, gemini_compatible_schema, plain_copy
 from bot.core.messages import Message, Role, ToolCall
 from bot.core.models.base import ModelResponse, ToolSpec, Usage, sanitize_history
 from bot.errors import ModelError
+
+if TYPE_CHECKING:
+    from openai._models import FinalRequestOptions
 
 __all__ = [
     "INVALID_JSON_ARGUMENTS",
@@ -47,15 +57,10 @@ _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _NON_RETRYABLE_CODES = frozenset({"insufficient_quota"})
 
 Sleep = Callable[[float], Awaitable[Any]]
+"""An ``asyncio.sleep`` look-alike."""
 
-
-def _plain(value: Any) -> Any:
-    """Deep copy into plain dicts and lists (schemas may hold read-only mappings)."""
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    return value
+_deadline: ContextVar[float | None] = ContextVar("chatflow_model_deadline", default=None)
+"""Loop time by which the ``complete()`` running in this context must be done."""
 
 
 def to_openai_messages(system: str, messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -103,40 +108,6 @@ def to_openai_messages(system: str, messages: Sequence[Message]) -> list[dict[st
     return result
 
 
-SchemaTransform = Callable[[Mapping[str, Any]], dict[str, Any]]
-"""Rewrites a tool's parameter schema for a provider's JSON-schema dialect."""
-
-_GEMINI_DROPPED_KEYS = frozenset({"additionalProperties", "$schema"})
-
-
-def gemini_compatible_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A tool schema Gemini accepts: no ``additionalProperties``/``$schema``, ``const`` as enum.
-
-    Gemini (also through its OpenAI endpoint) answers 400 "Unknown name
-    additionalProperties" to schemas that are fine for OpenAI.
-    """
-
-    def clean(node: Any, *, name_map: bool = False) -> Any:
-        if isinstance(node, Mapping):
-            if name_map:
-                return {str(k): clean(v) for k, v in node.items()}
-            result: dict[str, Any] = {}
-            for key, value in node.items():
-                if key in _GEMINI_DROPPED_KEYS:
-                    continue
-                if key == "const":
-                    result["enum"] = [value]
-                    continue
-                result[str(key)] = clean(value, name_map=key in ("properties", "$defs"))
-            return result
-        if isinstance(node, list | tuple):
-            return [clean(item) for item in node]
-        return node
-
-    cleaned: dict[str, Any] = clean(schema)
-    return cleaned
-
-
 def _to_openai_tools(
     tools: Sequence[ToolSpec], transform: SchemaTransform | None
 ) -> list[dict[str, Any]]:
@@ -147,7 +118,7 @@ def _to_openai_tools(
                 "name": spec.name,
                 "description": spec.description,
                 "parameters": (
-                    transform(spec.parameters) if transform else _plain(spec.parameters)
+                    transform(spec.parameters) if transform else plain_copy(spec.parameters)
                 ),
             },
         }
@@ -155,27 +126,69 @@ def _to_openai_tools(
     ]
 
 
-def _parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
-    if not headers:
-        return None
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the server asked to wait: ``retry-after-ms``, else ``retry-after``
+    (seconds or an HTTP date), the headers the SDK honours."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        with contextlib.suppress(KeyError, ValueError):
+            return max(0.0, float(headers[name]) * scale)
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(headers["retry-after"])
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def _error_code(response: httpx2.Response) -> str:
+    """``error.code`` of an OpenAI error body, or ``""``."""
+    with contextlib.suppress(ValueError):
+        body = json.loads(response.content)
+        error = body.get("error") if isinstance(body, dict) else None
+        code = error.get("code") if isinstance(error, dict) else None
+        return code if isinstance(code, str) else ""
+    return ""
+
+
+class _UnusableAnswer(httpx2.DecodingError):
+    """A 2xx body that is not a completion: raised in the response hook, so the
+    SDK retries it as it retries a dropped connection."""
+
+
+async def _screen(response: httpx2.Response) -> None:
+    """Response hook for what the SDK's retry rules cannot know.
+
+    A 2xx body must be JSON with choices (else ``_UnusableAnswer``, retried).
+    An error that must not be retried gets ``x-should-retry: false``, which the
+    SDK obeys: ``insufficient_quota``, or a ``Retry-After`` past the deadline.
+    """
+    if response.is_success:
+        await response.aread()
         try:
-            return max(0.0, float(raw_ms) / 1000.0)
+            body = json.loads(response.content)
         except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+            raise _UnusableAnswer(
+                "model provider sent malformed JSON", request=response.request
+            ) from None
+        if not isinstance(body, dict) or not body.get("choices"):
+            raise _UnusableAnswer(
+                "model provider sent a response without choices", request=response.request
+            )
+        return
+    if not response.is_error:
+        return
+    await response.aread()
+    attempt = int(response.request.headers.get("x-stainless-retry-count") or 0) + 1
+    logger.warning("Model provider answered HTTP %d (attempt %d)", response.status_code, attempt)
+    wait = _retry_after(response.headers)
+    deadline = _deadline.get()
+    if (
+        wait is not None
+        and deadline is not None
+        and asyncio.get_running_loop().time() + wait >= deadline
+    ):
+        logger.warning("Model call not retried: a %.3g s wait passes the deadline", wait)
+        response.headers["x-should-retry"] = "false"
+    elif _error_code(response) in _NON_RETRYABLE_CODES:
+        response.headers["x-should-retry"] = "false"
 
 
 def _status_error(exc: openai.APIStatusError) -> ModelError:
@@ -184,14 +197,53 @@ def _status_error(exc: openai.APIStatusError) -> ModelError:
     retryable = (status in _RETRYABLE_STATUS or status >= 500) and code not in (
         _NON_RETRYABLE_CODES
     )
-    retry_after = _parse_retry_after(exc.response.headers)
     detail = f" ({code})" if code else ""
     return ModelError(
         f"model provider answered HTTP {status}{detail}",
         retryable=retryable,
-        retry_after=retry_after,
+        retry_after=_retry_after(exc.response.headers),
         status_code=status,
     )
+
+
+def _translate(exc: openai.OpenAIError) -> ModelError:
+    """The ``ModelError`` for an SDK error, chosen by its type."""
+    if isinstance(exc, openai.APIStatusError):
+        return _status_error(exc)
+    if isinstance(exc, openai.APITimeoutError):
+        return ModelError("model request timed out", retryable=True)
+    if isinstance(exc, openai.APIConnectionError):
+        if isinstance(exc.__cause__, _UnusableAnswer):
+            return ModelError(str(exc.__cause__), retryable=True)
+        return ModelError("could not reach the model provider", retryable=True)
+    if isinstance(exc, openai.APIResponseValidationError):
+        return ModelError("model provider sent an invalid response", retryable=True)
+    return ModelError(f"model client failed: {type(exc).__name__}")
+
+
+class _SleepSeamClient(openai.AsyncOpenAI):
+    """``AsyncOpenAI`` whose waits between retries go through an injected ``sleep``.
+
+    A test seam only: how long to wait is still the SDK's own choice.
+    """
+
+    def __init__(self, *, sleep: Sleep, **options: Any) -> None:
+        super().__init__(**options)
+        self._retry_sleep = sleep
+
+    @override  # mypy flags it if the SDK renames the hook
+    async def _sleep_for_retry(
+        self,
+        *,
+        retries_taken: int,
+        max_retries: int,
+        options: FinalRequestOptions,
+        response: httpx2.Response | None,
+    ) -> None:
+        headers = None if response is None else response.headers
+        await self._retry_sleep(
+            self._calculate_retry_timeout(max_retries - retries_taken, options, headers)
+        )
 
 
 class OpenAICompatibleModel:
@@ -205,20 +257,17 @@ class OpenAICompatibleModel:
         max_retries: int = 3,
         total_timeout: float = 60.0,
         request_timeout: float = 30.0,
-        backoff_base: float = 0.5,
-        backoff_max: float = 8.0,
-        sleep: Sleep = asyncio.sleep,
-        rng: random.Random | None = None,
+        sleep: Sleep | None = None,
         schema_transform: SchemaTransform | None = None,
     ) -> None:
         """Set up a client; no connection is opened until the first call.
 
-        ``max_retries`` counts retries after the first attempt. ``total_timeout``
-        bounds one ``complete()`` call, waits included; ``request_timeout``
-        bounds each HTTP attempt. ``sleep`` is the backoff wait (inject a fake
-        in tests). A ``Retry-After`` longer than the time left ends the call.
-        ``schema_transform`` adapts tool schemas to a provider's dialect (e.g.
-        ``gemini_compatible_schema``).
+        ``max_retries`` counts the SDK's retries after the first attempt.
+        ``total_timeout`` bounds one ``complete()`` call, waits included (a
+        ``Retry-After`` longer than the time left ends the call at once);
+        ``request_timeout`` bounds each HTTP attempt. ``sleep`` replaces the
+        SDK's wait between retries (a test seam). ``schema_transform`` adapts
+        tool schemas to a provider's dialect (e.g. ``gemini_compatible_schema``).
         """
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
@@ -229,10 +278,7 @@ class OpenAICompatibleModel:
         self.max_retries = max_retries
         self.total_timeout = total_timeout
         self.request_timeout = request_timeout
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
         self._sleep = sleep
-        self._rng = rng or random.Random()
         self.schema_transform = schema_transform
         self._client: openai.AsyncOpenAI | None = None
 
@@ -241,11 +287,17 @@ class OpenAICompatibleModel:
 
     def _get_client(self) -> openai.AsyncOpenAI:
         if self._client is None:
-            self._client = openai.AsyncOpenAI(
-                api_key=self.api_key,
-                base_url=self.base_url,
-                max_retries=0,
-                timeout=self.request_timeout,
+            options: dict[str, Any] = {
+                "api_key": self.api_key,
+                "base_url": self.base_url,
+                "max_retries": self.max_retries,
+                "timeout": self.request_timeout,
+                "http_client": openai.DefaultAsyncHttpxClient(event_hooks={"response": [_screen]}),
+            }
+            self._client = (
+                openai.AsyncOpenAI(**options)
+                if self._sleep is None
+                else _SleepSeamClient(sleep=self._sleep, **options)
             )
         return self._client
 
@@ -255,11 +307,6 @@ class OpenAICompatibleModel:
         if client is not None:
             await client.close()
 
-    def backoff_delay(self, attempt: int) -> float:
-        """Wait before retry number ``attempt`` (0-based): full jitter on 2^attempt."""
-        ceiling = min(self.backoff_max, self.backoff_base * (2**attempt))
-        return self._rng.uniform(ceiling / 2, ceiling)
-
     async def complete(
         self,
         *,
@@ -268,78 +315,30 @@ class OpenAICompatibleModel:
         messages: Sequence[Message],
         tools: Sequence[ToolSpec],
     ) -> ModelResponse:
-        """Send one Chat Completions request (retrying as configured) and parse it."""
-        payload_messages = to_openai_messages(system, sanitize_history(messages))
-        payload_tools = _to_openai_tools(tools, self.schema_transform)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.total_timeout
-        attempt = 0
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise ModelError(
-                    f"model call gave up after {self.total_timeout:g} s", retryable=True
-                )
-            try:
-                completion = await self._request(
-                    model, payload_messages, payload_tools, min(self.request_timeout, remaining)
-                )
-                return self._parse(completion)
-            except ModelError as error:
-                failure = error
-            if not failure.retryable or attempt >= self.max_retries:
-                raise failure
-            delay = (
-                failure.retry_after
-                if failure.retry_after is not None
-                else self.backoff_delay(attempt)
-            )
-            if loop.time() + delay >= deadline:
-                logger.warning(
-                    "Model call to %s not retried: a %.1f s wait passes the deadline",
-                    model,
-                    delay,
-                )
-                raise failure
-            logger.warning(
-                "Model call to %s failed (%s); retry %d/%d in %.2f s",
-                model,
-                failure.status_code or type(failure.__cause__).__name__,
-                attempt + 1,
-                self.max_retries,
-                delay,
-            )
-            await self._sleep(delay)
-            attempt += 1
-
-    async def _request(
-        self,
-        model: str,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]],
-        timeout: float,  # noqa: ASYNC109 - the SDK's per-request timeout, not ours
-    ) -> ChatCompletion:
-        client = self._get_client()
-        kwargs: dict[str, Any] = {"model": model, "messages": messages, "timeout": timeout}
+        """Send one Chat Completions request and parse it, SDK retries included,
+        all within ``total_timeout``."""
+        request: dict[str, Any] = {
+            "model": model,
+            "messages": to_openai_messages(system, sanitize_history(messages)),
+        }
         if tools:
-            kwargs["tools"] = tools
+            request["tools"] = _to_openai_tools(tools, self.schema_transform)
+        deadline = asyncio.get_running_loop().time() + self.total_timeout
+        token = _deadline.set(deadline)
         try:
-            result: object = await client.chat.completions.create(**kwargs)
-        except openai.APIStatusError as exc:
-            raise _status_error(exc) from exc
-        except openai.APITimeoutError as exc:
-            raise ModelError("model request timed out", retryable=True) from exc
-        except openai.APIConnectionError as exc:
-            raise ModelError("could not reach the model provider", retryable=True) from exc
-        except openai.APIResponseValidationError as exc:
-            raise ModelError("model provider sent an invalid response", retryable=True) from exc
-        except ValueError as exc:  # a body that claims to be JSON but is not
-            raise ModelError("model provider sent malformed JSON", retryable=True) from exc
+            async with asyncio.timeout_at(deadline):
+                result: object = await self._get_client().chat.completions.create(**request)
+        except TimeoutError as exc:
+            raise ModelError(
+                f"model call gave up after {self.total_timeout:g} s", retryable=True
+            ) from exc
         except openai.OpenAIError as exc:
-            raise ModelError(f"model client failed: {type(exc).__name__}") from exc
+            raise _translate(exc) from exc
+        finally:
+            _deadline.reset(token)
         if not isinstance(result, ChatCompletion) or not result.choices:
             raise ModelError("model provider sent a response without choices", retryable=True)
-        return result
+        return self._parse(result)
 
     @staticmethod
     def _parse(completion: ChatCompletion) -> ModelResponse:

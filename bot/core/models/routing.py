@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from bot.core._schema import gemini_compatible_schema
 from bot.core.models.base import ChatModel
 from bot.core.models.offline import OfflineModel
 from bot.errors import ConfigurationError
@@ -42,7 +43,6 @@ __all__ = [
     "ModelSettingsSource",
     "Route",
     "default_model_name",
-    "resolve_model",
     "route_model",
 ]
 
@@ -282,10 +282,7 @@ class ModelRouter:
         client = self._clients.get(key)
         if client is None:
             # Deferred: the SDK import is the slowest part of start-up (module docstring).
-            from bot.core.models.openai_compat import (
-                OpenAICompatibleModel,
-                gemini_compatible_schema,
-            )
+            from bot.core.models.openai_compat import OpenAICompatibleModel
 
             options: dict[str, Any] = {"total_timeout": self.settings.model_timeout_seconds}
             if route.provider == "gemini":
@@ -301,9 +298,3 @@ class ModelRouter:
         self._clients.clear()
         for client in clients:
             await client.aclose()
-
-
-def resolve_model(name: str, settings: ModelSettingsSource | None = None) -> tuple[ChatModel, str]:
-    """Resolve one model name with a fresh client (a ``ModelRouter`` shares clients)."""
-    model_settings = ModelSettings.from_settings(settings) if settings is not None else None
-    return ModelRouter(model_settings).resolve(name)

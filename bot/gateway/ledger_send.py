@@ -1,0 +1,387 @@
+"""The ledger around one send: record the reply owed, mark the attempt, record the outcome.
+
+A turn's reply is recorded in the turn's own transaction (tx 2, ``record_in``),
+so a committed turn always owes its reply. The send is then bracketed by
+``mark_attempting`` (unless the row was recorded ``claimed``) and
+``mark_delivered`` or ``mark_failed``. These marks are best effort: a storage
+failure is logged and never blocks a reply, and an outcome it kept out is held
+in memory until ``record_unrecorded`` writes it. Later status reports of the
+platform find their obligation through the sent message ids.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from bot.core.memory import Transaction
+from bot.gateway.ledger_base import STORAGE_ERRORS, LedgerBase, logger
+from bot.gateway.obligations import (
+    MAX_ATTEMPTS,
+    RETRY_BACKOFF,
+    SENT_TABLE,
+    TABLE,
+    Obligation,
+    clip_error,
+)
+
+__all__ = ["SendMarks"]
+
+
+class SendMarks(LedgerBase):
+    """Recording obligations and the outcome of each send (part of ``DeliveryLedger``)."""
+
+    # -- recording -------------------------------------------------------------
+
+    async def record_in(
+        self, tx: Transaction, obligation: Obligation, *, claimed: bool = False
+    ) -> bool:
+        """Record ``obligation`` (built with ``Obligation.owed``) as owed by this process in ``tx``.
+
+        The one way a row is recorded. Idempotent: an existing row with this id
+        (in any state, delivered included) is left untouched. Returns whether a
+        row was inserted. Errors propagate, so the turn's transaction rolls
+        back with them.
+
+        ``claimed``: recorded already ``attempting`` (one attempt counted) by this
+        process, for a caller that sends right after the commit without
+        ``mark_attempting``. Until the send's outcome is recorded the row then
+        says "may have been sent", so a crash at any point after the commit
+        resends with the marker, and a failed outcome write cannot leave a sent
+        reply looking unsent.
+        """
+        await self._ensure_open_in(tx)
+        now = self._now()
+        me = self._owner
+        o = obligation
+        state, attempts = ("attempting", 1) if claimed else ("pending", 0)
+        inserted = await tx.execute(
+            f"INSERT INTO {TABLE} (obligation_id, session_key, session_id, platform, chat_id, "
+            "thread_id, reply_to, message_ref, content, state, attempts, maybe_delivered, "
+            "last_error, owner_pid, owner_instance, owner_started, next_attempt_at, sent_ids, "
+            "created_at, fresh_since, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, NULL, NULL, "
+            "?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
+            (
+                o.obligation_id,
+                o.session_key,
+                o.session_id,
+                o.platform,
+                o.chat_id,
+                o.thread_id,
+                o.reply_to,
+                o.message_ref,
+                o.content,
+                state,
+                attempts,
+                me.pid,
+                me.instance_id,
+                me.started,
+                now,
+                now,
+                now,
+            ),
+        )
+        return inserted == 1
+
+    async def record_obligation_in(
+        self,
+        tx: Transaction,
+        *,
+        obligation_id: str,
+        session_key: str,
+        session_id: str,
+        platform: str,
+        chat_id: str,
+        thread_id: str | None,
+        reply_to: str | None,
+        content: str,
+        message_ref: str,
+    ) -> bool:
+        """``record_in(tx, Obligation.owed(...))``: the reply recorded ``pending`` in ``tx``.
+
+        Errors propagate, so the turn's transaction rolls back with them.
+        """
+        return await self.record_in(
+            tx,
+            Obligation.owed(
+                obligation_id=obligation_id,
+                session_key=session_key,
+                session_id=session_id,
+                platform=platform,
+                chat_id=chat_id,
+                thread_id=thread_id,
+                reply_to=reply_to,
+                content=content,
+                message_ref=message_ref,
+            ),
+        )
+
+    async def record_obligation(
+        self,
+        *,
+        obligation_id: str,
+        session_key: str,
+        session_id: str,
+        platform: str,
+        chat_id: str,
+        thread_id: str | None,
+        reply_to: str | None,
+        content: str,
+        message_ref: str,
+    ) -> bool:
+        """``record_in`` of a ``pending`` reply in its own transaction; best effort.
+
+        A storage failure is logged and returns ``False`` (the reply is still sent).
+        """
+        owed = Obligation.owed(
+            obligation_id=obligation_id,
+            session_key=session_key,
+            session_id=session_id,
+            platform=platform,
+            chat_id=chat_id,
+            thread_id=thread_id,
+            reply_to=reply_to,
+            content=content,
+            message_ref=message_ref,
+        )
+        try:
+            async with self._store.transaction() as tx:
+                return await self.record_in(tx, owed)
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("record", obligation_id, exc)
+            return False
+
+    # -- around a send -----------------------------------------------------------
+
+    async def mark_attempting(self, obligation_id: str) -> bool:
+        """Move a ``pending``/``failed`` row to ``attempting`` (attempts + 1, owner = us).
+
+        Returns whether the caller should send: ``False`` only when the row
+        exists and must not be sent now (delivered, abandoned, already being
+        attempted, attempts used up). A missing row or a storage failure is
+        logged and returns ``True``: the ledger never blocks a reply. Rows
+        returned by ``sweep_recoverable`` and ``due_retries`` are already
+        claimed; do not call this for them.
+        """
+        now = self._now()
+        me = self._owner
+        fence, fence_params = self._fence()
+        try:
+            async with self._tx() as tx:
+                changed = await tx.execute(
+                    f"UPDATE {TABLE} SET state = 'attempting', attempts = attempts + 1, "
+                    "owner_pid = ?, owner_instance = ?, owner_started = ?, "
+                    "next_attempt_at = NULL, updated_at = ? "
+                    "WHERE obligation_id = ? AND state IN ('pending', 'failed') AND attempts < ?"
+                    + fence,
+                    (
+                        me.pid,
+                        me.instance_id,
+                        me.started,
+                        now,
+                        obligation_id,
+                        MAX_ATTEMPTS,
+                        *fence_params,
+                    ),
+                )
+                if changed == 1:
+                    return True
+                rows = await tx.fetchall(
+                    f"SELECT state, attempts FROM {TABLE} WHERE obligation_id = ?",
+                    (obligation_id,),
+                )
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("mark attempting", obligation_id, exc)
+            return True
+        if not rows:
+            logger.warning("obligation %s is not in the ledger; sending anyway", obligation_id)
+            return True
+        logger.info(
+            "obligation %s not sent: it is %s after %d attempt(s)",
+            obligation_id,
+            rows[0][0],
+            rows[0][1],
+        )
+        return False
+
+    async def mark_delivered(self, obligation_id: str, message_ids: Sequence[str] = ()) -> bool:
+        """Record a successful send and the platform ids of its parts; best effort.
+
+        Returns whether the row was updated (``False`` for a missing row or a
+        storage failure, which is logged).
+        """
+        now = self._now()
+        ids = [str(m) for m in message_ids]
+        try:
+            async with self._tx() as tx:
+                rows = await tx.fetchall(
+                    f"SELECT platform FROM {TABLE} WHERE obligation_id = ?", (obligation_id,)
+                )
+                if not rows:
+                    logger.warning("delivered obligation %s is not in the ledger", obligation_id)
+                    return False
+                platform = str(rows[0][0])
+                await tx.execute(
+                    f"UPDATE {TABLE} SET state = 'delivered', sent_ids = ?, "
+                    "next_attempt_at = NULL, updated_at = ? WHERE obligation_id = ?",
+                    (json.dumps(ids), now, obligation_id),
+                )
+                if ids:
+                    await tx.executemany(
+                        f"INSERT INTO {SENT_TABLE} (platform, message_id, obligation_id) "
+                        "VALUES (?, ?, ?) ON CONFLICT(platform, message_id) DO NOTHING",
+                        [(platform, m, obligation_id) for m in ids],
+                    )
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("mark delivered", obligation_id, exc)
+            self._unrecorded[obligation_id] = lambda: self.mark_delivered(obligation_id, ids)
+            return False
+        self._unrecorded.pop(obligation_id, None)
+        return True
+
+    async def mark_failed(
+        self,
+        obligation_id: str,
+        error: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        ambiguous: bool = False,
+    ) -> bool:
+        """Record a failed send; best effort.
+
+        - ``retry_after`` given (the platform said "wait"): ``failed``, the
+          attempt is refunded, due again after ``retry_after`` seconds;
+        - ``retryable``: ``failed``, due after ``RETRY_BACKOFF``; ``abandoned``
+          once ``MAX_ATTEMPTS`` attempts are used;
+        - otherwise ``abandoned`` (logged with the reason).
+
+        ``ambiguous`` (the send may have arrived) sets ``maybe_delivered`` for
+        good, so any resend carries the marker. Returns whether the row was
+        updated; a delivered or abandoned row is left as it is.
+        """
+        now = self._now()
+        error = clip_error(error)
+        try:
+            async with self._tx() as tx:
+                rows = await tx.fetchall(
+                    f"SELECT state, attempts, platform FROM {TABLE} WHERE obligation_id = ?",
+                    (obligation_id,),
+                )
+                if not rows:
+                    logger.warning("failed obligation %s is not in the ledger", obligation_id)
+                    return False
+                state, attempts, platform = str(rows[0][0]), int(rows[0][1]), str(rows[0][2])
+                if state in ("delivered", "abandoned"):
+                    return False
+                maybe = 1 if ambiguous else None
+                if retry_after is not None:
+                    new_state, attempts = "failed", max(attempts - 1, 0)
+                    next_at: float | None = now + max(float(retry_after), 0.0)
+                elif retryable and attempts < MAX_ATTEMPTS:
+                    delay = RETRY_BACKOFF[min(max(attempts - 1, 0), len(RETRY_BACKOFF) - 1)]
+                    new_state, next_at = "failed", now + delay
+                else:
+                    new_state, next_at = "abandoned", None
+                    if retryable:
+                        error = clip_error(f"{error} (gave up after {attempts} attempts)")
+                fence, fence_params = self._fence()
+                changed = await tx.execute(
+                    f"UPDATE {TABLE} SET state = ?, attempts = ?, last_error = ?, "
+                    "next_attempt_at = ?, maybe_delivered = COALESCE(?, maybe_delivered), "
+                    "updated_at = ? WHERE obligation_id = ? AND state = ?" + fence,
+                    (
+                        new_state,
+                        attempts,
+                        error,
+                        next_at,
+                        maybe,
+                        now,
+                        obligation_id,
+                        state,
+                        *fence_params,
+                    ),
+                )
+                if changed != 1 and self._fenced:
+                    logger.info(
+                        "obligation %s was taken over by another process; its failure here "
+                        "is not recorded",
+                        obligation_id,
+                    )
+                    return False
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("mark failed", obligation_id, exc)
+            self._unrecorded[obligation_id] = lambda: self.mark_failed(
+                obligation_id,
+                error,
+                retryable=retryable,
+                retry_after=retry_after,
+                ambiguous=ambiguous,
+            )
+            return False
+        self._unrecorded.pop(obligation_id, None)
+        if new_state == "abandoned":
+            logger.warning("obligation %s abandoned: %s", obligation_id, error)
+            self._abandoned(platform)
+        return True
+
+    @property
+    def unrecorded(self) -> int:
+        """Send outcomes waiting to be written (a storage failure kept them out)."""
+        return len(self._unrecorded)
+
+    async def record_unrecorded(self) -> int:
+        """Write the send outcomes a storage failure kept out; returns how many still wait."""
+        for obligation_id, write in list(self._unrecorded.items()):
+            if self._unrecorded.get(obligation_id) is write:
+                del self._unrecorded[obligation_id]
+                await write()  # on failure it puts itself back
+        return len(self._unrecorded)
+
+    # -- platform status reports ------------------------------------------------------
+
+    async def find_by_sent_id(
+        self, platform_message_id: str, *, platform: str | None = None
+    ) -> str | None:
+        """The obligation whose delivery produced ``platform_message_id`` (a WhatsApp wamid).
+
+        ``platform`` narrows the lookup (Telegram message ids are only unique
+        per chat). Best effort: ``None`` when unknown or on a storage failure.
+        """
+        sql = f"SELECT obligation_id FROM {SENT_TABLE} WHERE message_id = ?"
+        params: tuple[str, ...] = (platform_message_id,)
+        if platform is not None:
+            sql += " AND platform = ?"
+            params += (platform,)
+        try:
+            async with self._tx() as tx:
+                rows = await tx.fetchall(sql + " LIMIT 1", params)
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("look up a sent message of", "(any)", exc)
+            return None
+        return str(rows[0][0]) if rows else None
+
+    async def status_failed(
+        self, platform_message_id: str, error: str, *, platform: str | None = None
+    ) -> str | None:
+        """Log a platform's later "failed" status for a sent message against its obligation.
+
+        The row stays ``delivered`` (the platform accepted the send) but its
+        ``last_error`` records the report. Returns the obligation id, or
+        ``None`` when the message is not one of ours.
+        """
+        obligation_id = await self.find_by_sent_id(platform_message_id, platform=platform)
+        if obligation_id is None:
+            logger.info("failed status for a message the ledger does not know")
+            return None
+        logger.warning("platform reported obligation %s as not delivered: %s", obligation_id, error)
+        try:
+            async with self._store.transaction() as tx:
+                await tx.execute(
+                    f"UPDATE {TABLE} SET last_error = ?, updated_at = ? WHERE obligation_id = ?",
+                    (clip_error(f"platform status failed: {error}"), self._now(), obligation_id),
+                )
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("note a failed status of", obligation_id, exc)
+        return obligation_id

@@ -1,0 +1,266 @@
+"""What the delivery ledger stores: one ``Obligation`` per reply owed, and its row.
+
+An obligation's id is ``compute_obligation_id(session_key, message_ref,
+content)``, so the same turn re-records idempotently. Its state moves
+``pending`` -> ``attempting`` -> ``delivered``, or ``attempting`` -> ``failed``
+(retried later) or ``abandoned`` (given up). This module also holds the
+ledger's limits (``MAX_ATTEMPTS``, ``STALE_AFTER``, ...), the layout of its two
+tables and the decoding of a row; the ledger's behaviour is in
+``bot.gateway.ledger`` and the modules it is composed of.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Literal
+
+from bot.gateway.instances import Owner, from_epoch
+
+__all__ = [
+    "COLUMNS",
+    "MAX_ATTEMPTS",
+    "MIGRATIONS",
+    "RECOVERED_MARKER",
+    "RETENTION",
+    "RETRY_BACKOFF",
+    "SENT_TABLE",
+    "STALE_AFTER",
+    "STATES",
+    "TABLE",
+    "Obligation",
+    "ObligationState",
+    "StoredRow",
+    "clip_error",
+    "compute_obligation_id",
+    "decode_row",
+]
+
+ObligationState = Literal["pending", "attempting", "delivered", "failed", "abandoned"]
+STATES: Final[tuple[ObligationState, ...]] = (
+    "pending",
+    "attempting",
+    "delivered",
+    "failed",
+    "abandoned",
+)
+"""Every state, in the order of a row's life."""
+
+RECOVERED_MARKER: Final = "↻ Resent after a restart (you may have seen this already):\n\n"
+"""Prefix of a resent reply that may repeat one the user already got."""
+MAX_ATTEMPTS: Final = 3
+"""Send attempts per obligation; past it the row is abandoned."""
+STALE_AFTER: Final = timedelta(hours=24)
+"""An owed reply older than this is abandoned instead of sent."""
+RETENTION: Final = timedelta(days=7)
+"""Delivered and abandoned rows are pruned after this long."""
+RETRY_BACKOFF: Final[tuple[float, ...]] = (30.0, 120.0)
+"""Seconds before retry n (n = attempts made, the last value repeats)."""
+
+_MAX_ERROR_LEN = 500
+
+
+def compute_obligation_id(session_key: str, message_ref: str, content: str) -> str:
+    """Stable id: the same turn with the same content re-records idempotently,
+    while different threads of one chat never collide."""
+    payload = f"{session_key}|{message_ref}|{content}"
+    return hashlib.sha256(payload.encode("utf-8", "replace")).hexdigest()[:24]
+
+
+def clip_error(error: str) -> str:
+    """``error`` cut to the length a row keeps."""
+    return error if len(error) <= _MAX_ERROR_LEN else error[: _MAX_ERROR_LEN - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class Obligation:
+    """One reply owed to a chat."""
+
+    obligation_id: str
+    """``compute_obligation_id(session_key, message_ref, content)``."""
+    session_key: str
+    """Session key of the conversation."""
+    session_id: str
+    """Session id of the conversation."""
+    platform: str
+    """Adapter that must send it."""
+    chat_id: str
+    """Raw platform chat id to send to."""
+    thread_id: str | None
+    """Topic or thread to send into."""
+    reply_to: str | None
+    """Platform message id the reply quotes."""
+    content: str
+    """The reply text, without any marker."""
+    state: ObligationState
+    """Ledger state when this object was read."""
+    attempts: int
+    """Send attempts counted so far (the claim that returned it included)."""
+    last_error: str | None
+    """Why the last attempt failed, or why it was abandoned."""
+    created_at: datetime
+    """When it was recorded (UTC)."""
+    needs_marker: bool
+    """True when an earlier send may have arrived: resend with ``RECOVERED_MARKER``."""
+    maybe_delivered: bool = False
+    """An earlier attempt failed ambiguously (it may have reached the user)."""
+    message_ref: str = ""
+    """Inbound message id the reply answers."""
+    next_attempt_at: datetime | None = None
+    """When a failed row becomes due for a retry."""
+    sent_ids: tuple[str, ...] = ()
+    """Platform message ids of the delivered parts."""
+
+    @classmethod
+    def owed(
+        cls,
+        *,
+        obligation_id: str,
+        session_key: str,
+        session_id: str,
+        platform: str,
+        chat_id: str,
+        thread_id: str | None,
+        reply_to: str | None,
+        content: str,
+        message_ref: str,
+    ) -> Obligation:
+        """A reply just owed: ``pending``, no attempt yet, created now."""
+        return cls(
+            obligation_id=obligation_id,
+            session_key=session_key,
+            session_id=session_id,
+            platform=platform,
+            chat_id=chat_id,
+            thread_id=thread_id,
+            reply_to=reply_to,
+            content=content,
+            state="pending",
+            attempts=0,
+            last_error=None,
+            created_at=datetime.now(UTC),
+            needs_marker=False,
+            message_ref=message_ref,
+        )
+
+    @property
+    def outgoing_text(self) -> str:
+        """The text to send: ``content``, prefixed by ``RECOVERED_MARKER`` if ``needs_marker``."""
+        return RECOVERED_MARKER + self.content if self.needs_marker else self.content
+
+
+# -- storage layout --------------------------------------------------------------
+
+TABLE: Final = "chatflow_delivery_obligations"
+"""One row per obligation."""
+SENT_TABLE: Final = "chatflow_delivery_sent"
+"""Platform message id -> obligation, for the platforms' later status reports."""
+MIGRATIONS: Final = {
+    1: (
+        f"CREATE TABLE IF NOT EXISTS {TABLE} ("
+        "obligation_id TEXT PRIMARY KEY NOT NULL, "
+        "session_key TEXT NOT NULL, "
+        "session_id TEXT NOT NULL, "
+        "platform TEXT NOT NULL, "
+        "chat_id TEXT NOT NULL, "
+        "thread_id TEXT, "
+        "reply_to TEXT, "
+        "message_ref TEXT NOT NULL, "
+        "content TEXT NOT NULL, "
+        "state TEXT NOT NULL CHECK (state IN "
+        "('pending', 'attempting', 'delivered', 'failed', 'abandoned')), "
+        "attempts INTEGER NOT NULL DEFAULT 0, "
+        "maybe_delivered INTEGER NOT NULL DEFAULT 0, "
+        "last_error TEXT, "
+        "owner_pid INTEGER NOT NULL, "
+        "owner_instance TEXT NOT NULL, "
+        "owner_started INTEGER, "
+        "next_attempt_at REAL, "
+        "sent_ids TEXT, "
+        "created_at REAL NOT NULL, "
+        "fresh_since REAL NOT NULL, "
+        "updated_at REAL NOT NULL)",
+        f"CREATE INDEX IF NOT EXISTS {TABLE}_state_next ON {TABLE} (state, next_attempt_at)",
+        f"CREATE INDEX IF NOT EXISTS {TABLE}_platform_state ON {TABLE} (platform, state)",
+        f"CREATE INDEX IF NOT EXISTS {TABLE}_state_updated ON {TABLE} (state, updated_at)",
+        f"CREATE TABLE IF NOT EXISTS {SENT_TABLE} ("
+        "platform TEXT NOT NULL, "
+        "message_id TEXT NOT NULL, "
+        "obligation_id TEXT NOT NULL, "
+        "PRIMARY KEY (platform, message_id))",
+        f"CREATE INDEX IF NOT EXISTS {SENT_TABLE}_obligation ON {SENT_TABLE} (obligation_id)",
+    ),
+}
+"""Schema versions of the ledger's tables (component ``delivery_ledger``)."""
+COLUMNS: Final = (
+    "obligation_id, session_key, session_id, platform, chat_id, thread_id, reply_to, "
+    "content, state, attempts, last_error, created_at, maybe_delivered, message_ref, "
+    "next_attempt_at, sent_ids, owner_pid, owner_instance, owner_started, fresh_since"
+)
+"""The columns ``decode_row`` reads, in its order."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    """A row as read, with the stamps a guarded UPDATE compares against."""
+
+    obligation: Obligation
+    """The obligation as stored."""
+    owner: Owner
+    """The process that owns the row."""
+    fresh_since: float
+    """Unix time the staleness clock started (recorded, or re-queued by the operator)."""
+
+
+def _moment(value: Any) -> datetime | None:
+    return None if value is None else from_epoch(value)
+
+
+def decode_row(values: Sequence[Any]) -> StoredRow:
+    """Decode one row of ``SELECT {COLUMNS}`` (``needs_marker`` = ``maybe_delivered``)."""
+    (
+        obligation_id,
+        session_key,
+        session_id,
+        platform,
+        chat_id,
+        thread_id,
+        reply_to,
+        content,
+        state,
+        attempts,
+        last_error,
+        created_at,
+        maybe_delivered,
+        message_ref,
+        next_attempt_at,
+        sent_ids,
+        owner_pid,
+        owner_instance,
+        owner_started,
+        fresh_since,
+    ) = values
+    obligation = Obligation(
+        obligation_id=str(obligation_id),
+        session_key=str(session_key),
+        session_id=str(session_id),
+        platform=str(platform),
+        chat_id=str(chat_id),
+        thread_id=thread_id,
+        reply_to=reply_to,
+        content=str(content),
+        state=state,
+        attempts=int(attempts),
+        last_error=last_error,
+        created_at=from_epoch(created_at),
+        needs_marker=bool(maybe_delivered),
+        maybe_delivered=bool(maybe_delivered),
+        message_ref=str(message_ref),
+        next_attempt_at=_moment(next_attempt_at),
+        sent_ids=tuple(json.loads(sent_ids)) if sent_ids else (),
+    )
+    owner = Owner(int(owner_pid), str(owner_instance), owner_started)
+    return StoredRow(obligation, owner, float(fresh_since))

@@ -1,0 +1,151 @@
+"""Sending owed replies: the adapter call, its outcome in the ledger, retries later.
+
+Every reply reaches an adapter through ``Outbox.send``, which the ledger
+already holds as ``attempting`` for this process (claimed in tx 2, by a sweep
+or by ``due_retries``), so whatever happens around the send, the row says
+whether the reply may have arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from bot.errors import PlatformError
+from bot.gateway.contract import PlatformAdapter, StatusFailedHandler
+from bot.gateway.ledger import DeliveryLedger, Obligation
+from bot.metrics import Metrics
+
+__all__ = [
+    "ADAPTER_WAIT_SECONDS",
+    "PRUNE_INTERVAL_SECONDS",
+    "RETRY_POLL_SECONDS",
+    "SWEEP_INTERVAL_SECONDS",
+    "Outbox",
+]
+
+logger = logging.getLogger(__name__)
+
+RETRY_POLL_SECONDS = 5.0
+"""How often failed sends are checked for a due retry."""
+SWEEP_INTERVAL_SECONDS = 60.0
+"""How often rows the operator re-queued (or a dead process left) are adopted."""
+PRUNE_INTERVAL_SECONDS = 3600.0
+"""How often delivered ledger rows and done inbox rows past retention are deleted."""
+ADAPTER_WAIT_SECONDS = 60.0
+"""Delay before a reply whose adapter is disconnected is tried again."""
+
+
+class Outbox:
+    """Sends owed replies through their adapters and records each outcome."""
+
+    def __init__(
+        self,
+        ledger: DeliveryLedger,
+        adapters: Mapping[str, PlatformAdapter],
+        metrics: Metrics,
+        *,
+        housekeeping: Sequence[Callable[[], Awaitable[object]]] = (),
+    ) -> None:
+        """``housekeeping``: more prunes to run beside the ledger's (the inbox's)."""
+        self.ledger = ledger
+        self._adapters = adapters
+        self.metrics = metrics
+        self._housekeeping = tuple(housekeeping)
+
+    async def send(self, obligation: Obligation) -> None:
+        """Send one owed reply the ledger holds as ``attempting`` for this process."""
+        adapter = self._adapters.get(obligation.platform)
+        if adapter is None or not adapter.is_connected:
+            logger.warning(
+                "no connected %s adapter; reply %s waits",
+                obligation.platform,
+                obligation.obligation_id,
+            )
+            # Give the attempt back and look again later (or at the next start).
+            await self.ledger.mark_failed(
+                obligation.obligation_id,
+                "adapter not connected",
+                retryable=True,
+                retry_after=ADAPTER_WAIT_SECONDS,
+            )
+            return
+        if obligation.needs_marker:
+            self.metrics.resends.labels(obligation.platform).inc()
+        try:
+            result = await adapter.send(
+                obligation.chat_id,
+                obligation.outgoing_text,
+                thread_id=obligation.thread_id,
+                reply_to=obligation.reply_to,
+            )
+        except PlatformError as exc:
+            self.metrics.send_failures.labels(obligation.platform).inc()
+            logger.warning(
+                "sending reply %s failed (%s, retryable=%s, ambiguous=%s)",
+                obligation.obligation_id,
+                exc,
+                exc.retryable,
+                exc.ambiguous,
+            )
+            await self.ledger.mark_failed(
+                obligation.obligation_id,
+                str(exc),
+                retryable=exc.retryable,
+                retry_after=exc.retry_after,
+                ambiguous=exc.ambiguous,
+            )
+            return
+        except Exception as exc:
+            # An adapter bug: we cannot tell whether the message left, so resend with the marker.
+            logger.exception("adapter %s crashed while sending", obligation.platform)
+            await self.ledger.mark_failed(
+                obligation.obligation_id, repr(exc), retryable=True, ambiguous=True
+            )
+            return
+        self.metrics.replies_delivered.labels(obligation.platform).inc()
+        await self.ledger.mark_delivered(obligation.obligation_id, result.message_ids)
+
+    async def retry_due(self, *, sweep: bool = False) -> int:
+        """Send the failed replies whose retry is due (and, with ``sweep``, adopt
+        rows re-queued by the operator or left by a dead process); returns how many."""
+        owed = await self.ledger.due_retries()
+        if sweep:
+            connected = {n for n, a in self._adapters.items() if a.is_connected}
+            owed += await self.ledger.sweep_recoverable(deliverable_platforms=connected)
+        for obligation in owed:
+            await self.send(obligation)
+        return len(owed)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Retry due sends, adopt re-queued rows and prune, until ``stopping`` is set."""
+        loop = asyncio.get_running_loop()
+        next_sweep = loop.time() + SWEEP_INTERVAL_SECONDS
+        next_prune = loop.time()
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), RETRY_POLL_SECONDS)
+            if stopping.is_set():
+                return
+            try:
+                await self.ledger.record_unrecorded()
+                sweep = loop.time() >= next_sweep
+                if sweep:
+                    next_sweep = loop.time() + SWEEP_INTERVAL_SECONDS
+                await self.retry_due(sweep=sweep)
+                if loop.time() >= next_prune:
+                    next_prune = loop.time() + PRUNE_INTERVAL_SECONDS
+                    await self.ledger.prune()
+                    for prune in self._housekeeping:
+                        await prune()
+            except Exception:
+                logger.exception("retrying failed replies failed; trying again later")
+
+    def status_failed_handler(self, platform: str) -> StatusFailedHandler:
+        async def handler(platform_message_id: str, error: str) -> None:
+            # The ledger logs it against its obligation and keeps the error on the row.
+            await self.ledger.status_failed(platform_message_id, error, platform=platform)
+
+        return handler

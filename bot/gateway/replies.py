@@ -1,0 +1,28 @@
+"""The fixed texts the gateway answers with when no turn runs (or a turn failed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Replies"]
+
+
+@dataclass(frozen=True)
+class Replies:
+    """The fixed texts the gateway answers with when no turn runs."""
+
+    apology: str = (
+        "Sorry, something went wrong on my side and I could not answer that. "
+        "Please try again in a moment."
+    )
+    """Sent when a turn fails after its retries; the conversation is left as it was."""
+    media_only: str = "Sorry, I can only read text messages for now. Could you type it out?"
+    """Sent for a photo, voice note, sticker... without a caption."""
+    too_long: str = "That message is too long for me. Could you shorten it or split it up?"
+    """Sent for a text over ``MAX_INBOUND_CHARS``."""
+    reset: str = "Done: I have forgotten this conversation. What can I do for you?"
+    """Answer to ``/reset``."""
+    help: str = "Just write to me. /reset starts our conversation over, /help shows this message."
+    """Answer to ``/help``."""
+    greeting: str = "Hello! I'm {agent}. How can I help?"
+    """Answer to ``/start``; ``{agent}`` is the starting agent's name."""

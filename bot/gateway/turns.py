@@ -1,0 +1,183 @@
+"""One inbound message, one committed turn (or a fixed answer), one owed reply.
+
+The turn's reply is recorded in the turn's own transaction (tx 2), already
+claimed by this process, then handed to the ``Outbox``. A turn that fails is
+rolled back by the Runner and answered with the apology through the same
+path, so the user is never left in silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
+from bot.core.memory import Transaction, TransactionalStore
+from bot.core.runner import Runner, RunResult
+from bot.errors import ChatflowError
+from bot.gateway.contract import MessageEvent, PlatformAdapter
+from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
+from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
+from bot.gateway.outbox import Outbox
+from bot.gateway.replies import Replies
+from bot.metrics import Metrics
+
+__all__ = ["MAX_INBOUND_CHARS", "TYPING_INTERVAL", "Turns"]
+
+logger = logging.getLogger(__name__)
+
+TYPING_INTERVAL = 4.0
+"""Seconds between typing indications (Telegram's indicator fades after ~5 s)."""
+MAX_INBOUND_CHARS = 16_000
+"""Longer inbound texts are refused with a short answer instead of reaching the model."""
+
+
+class Turns:
+    """Runs the turn of an accepted message and hands its reply to the outbox."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        store: TransactionalStore,
+        inbox: Inbox,
+        ledger: DeliveryLedger,
+        outbox: Outbox,
+        adapters: Mapping[str, PlatformAdapter],
+        replies: Replies,
+        metrics: Metrics,
+    ) -> None:
+        self.runner = runner
+        self.store = store
+        self.inbox = inbox
+        self.ledger = ledger
+        self.outbox = outbox
+        self._adapters = adapters
+        self.replies = replies
+        self.metrics = metrics
+
+    async def process(self, entry: InboxEntry, *, alone: bool = False) -> None:
+        event = entry.event
+        if entry.gave_up:
+            # It crashed the process again and again while running alone: the user is
+            # told, instead of being left without an answer (or crashing us forever).
+            await self._answer_without_turn(entry, self.replies.apology, error=GAVE_UP_ERROR)
+            return
+        if alone:
+            await self.inbox.mark_started_alone(event.message_id)
+        command = event.command
+        if command in ("start", "help", "reset"):
+            if command == "reset":
+                await self.store.delete(entry.session_id)
+            text = {
+                "start": self.replies.greeting.format(agent=self.runner.starting_agent.name),
+                "help": self.replies.help,
+                "reset": self.replies.reset,
+            }[command]
+            await self._answer_without_turn(entry, text)
+            return
+        if not event.text.strip():
+            await self._answer_without_turn(entry, self.replies.media_only)
+            return
+        if len(event.text) > MAX_INBOUND_CHARS:
+            await self._answer_without_turn(entry, self.replies.too_long, error="message too long")
+            return
+        await self._run_turn(entry)
+
+    async def _run_turn(self, entry: InboxEntry) -> None:
+        event = entry.event
+        adapter = self._adapters.get(event.platform)
+        obligation: list[Obligation] = []
+
+        async def commit(result: RunResult, tx: Transaction) -> None:
+            content = result.content
+            if adapter is not None:
+                content = adapter.format_reply(content, result.agent)
+            recorded = await self._record(tx, entry, content)
+            if recorded is not None:
+                obligation.append(recorded)
+            await self.inbox.mark_done_in(tx, event.message_id)
+
+        metadata = {
+            "platform": event.platform,
+            "chat_type": event.source.chat_type,
+            "session_key": entry.session_key,
+            "inbound_message_id": event.message_id,
+        }
+        typing = asyncio.create_task(self._keep_typing(event))
+        started = asyncio.get_running_loop().time()
+        try:
+            await self.runner.run_async(entry.session_id, event.text, metadata, on_commit=commit)
+        except InboxClaimLostError:
+            # Our lease lapsed and another process answers this message: nothing to send.
+            logger.info("turn in session %s discarded: taken over elsewhere", entry.session_id)
+            return
+        except ChatflowError as exc:
+            self.metrics.turns.labels("failed").inc()
+            logger.warning(
+                "turn failed in session %s (%s); sending an apology",
+                entry.session_id,
+                type(exc).__name__,
+            )
+            await self._answer_without_turn(entry, self.replies.apology, error=type(exc).__name__)
+            return
+        finally:
+            typing.cancel()
+            await asyncio.gather(typing, return_exceptions=True)
+            self.metrics.turn_duration.observe(asyncio.get_running_loop().time() - started)
+        self.metrics.turns.labels("ok").inc()
+        for item in obligation:
+            await self.outbox.send(item)
+
+    async def _answer_without_turn(
+        self, entry: InboxEntry, text: str, *, error: str | None = None
+    ) -> None:
+        """Record a fixed answer and close the inbox row in one transaction, then send it."""
+        adapter = self._adapters.get(entry.event.platform)
+        if adapter is not None:
+            text = adapter.format_reply(text, self.runner.starting_agent.name)
+        try:
+            async with self.store.transaction() as tx:
+                obligation = await self._record(tx, entry, text)
+                await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
+        except InboxClaimLostError:
+            logger.info("answer in session %s dropped: taken over elsewhere", entry.session_id)
+            return
+        except ChatflowError:
+            # The inbox row stays 'received': the next start-up answers it.
+            logger.exception("could not record an answer for session %s", entry.session_id)
+            return
+        if obligation is not None:
+            await self.outbox.send(obligation)
+
+    async def _record(self, tx: Transaction, entry: InboxEntry, content: str) -> Obligation | None:
+        """Record the reply owed, claimed by this process (sent right after the commit).
+
+        ``None`` when the ledger already holds this very reply: its own row is
+        delivered or on its way, so it is not sent again from here.
+        """
+        event = entry.event
+        obligation = Obligation.owed(
+            obligation_id=compute_obligation_id(entry.session_key, event.message_id, content),
+            session_key=entry.session_key,
+            session_id=entry.session_id,
+            platform=event.platform,
+            chat_id=event.source.chat_id,
+            thread_id=event.source.thread_id,
+            reply_to=event.platform_message_id,
+            content=content,
+            message_ref=event.message_id,
+        )
+        if not await self.ledger.record_in(tx, obligation, claimed=True):
+            return None
+        return replace(obligation, state="attempting", attempts=1)
+
+    async def _keep_typing(self, event: MessageEvent) -> None:
+        adapter = self._adapters.get(event.platform)
+        if adapter is None:
+            return
+        while True:
+            with contextlib.suppress(Exception):
+                await adapter.indicate_typing(event)
+            await asyncio.sleep(TYPING_INTERVAL)
