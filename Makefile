@@ -16,7 +16,7 @@ run: $(STAMP)
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy bot platforms agents tests
+	$(VENV)/bin/mypy bot platforms agents tests bench
 
 test: check
 	$(VENV)/bin/pytest -q

@@ -48,71 +48,128 @@ def _run(name: str) -> tuple[bool, float]:
 
 
 def _check(met: bool | None) -> str:
-    return "not measured" if met is None else ("met" if met else "MISSED")
+    return "not measured" if met is None else ("PASS" if met else "MISS")
+
+
+def _row(target: str, value: float | None, fmt: str, met: bool | None) -> dict[str, Any]:
+    return {
+        "target": target,
+        "measured": "-" if value is None else fmt.format(value),
+        "met": met,
+    }
+
+
+def _ratio(results: dict[str, Any], ours: str, peer: str) -> float | None:
+    a = results.get(ours, {}).get("ops_per_s")
+    b = results.get(peer, {}).get("ops_per_s")
+    return float(a) / float(b) if a and b else None
 
 
 def targets() -> list[dict[str, Any]]:
-    """The issue's targets, judged from the result files present."""
+    """Issue 15's targets, judged from the result files present (PASS / MISS)."""
     rows: list[dict[str, Any]] = []
+    stores = (read_result("stores") or {}).get("results", {})
+    for ours, peer, floor, what in (
+        ("ours", "openai_agents", 3.0, "openai-agents SQLiteSession as shipped"),
+        ("ours", "openai_agents_normal", 2.0, "openai-agents with synchronous=NORMAL"),
+        ("ours", "chatflow_agent", 15.0, "chatflow-agent 0.3.4"),
+        ("ours_concurrent", "openai_agents_concurrent", 3.0, "openai-agents, 20 sessions at once"),
+    ):
+        ratio = _ratio(stores, ours, peer)
+        rows.append(
+            _row(
+                f"store >= {floor:g}x {what}",
+                ratio,
+                "{:.2f}x",
+                None if ratio is None else ratio >= floor,
+            )
+        )
     pipeline = read_result("pipeline")
-    stores = read_result("stores")
-    growth = read_result("growth")
+    levels = {lv["sessions"]: lv for lv in (pipeline or {}).get("levels", [])}
+    top, one = levels.get(100), levels.get(1)
 
-    top = None
-    if pipeline is not None:
-        top = next((lv for lv in pipeline["levels"] if lv["sessions"] == 100), None)
-    rate = None if top is None else top["messages_per_s"]
-    rows.append(
-        {
-            "target": "pipeline >= 1,000 msg/s at 100 concurrent sessions",
-            "measured": "-" if rate is None else f"{rate:,.0f} msg/s",
-            "met": None if rate is None else rate >= 1000,
-        }
-    )
-    ratio = None
-    if stores is not None:
-        ours = stores["results"].get("ours", {})
-        peer = stores["results"].get("openai_agents", {})
-        if ours.get("ops_per_s") and peer.get("ops_per_s"):
-            ratio = ours["ops_per_s"] / peer["ops_per_s"]
-    rows.append(
-        {
-            "target": "store turns >= 5x openai-agents SQLiteSession",
-            "measured": "-" if ratio is None else f"{ratio:.2f}x",
-            "met": None if ratio is None else ratio >= 5,
-        }
-    )
+    def figure(level: dict[str, Any] | None, key: str) -> float | None:
+        return None if level is None or level.get(key) is None else float(level[key])
+
+    checks: list[tuple[str, float | None, str, Any]] = [
+        (
+            "pipeline >= 1,200 msg/s at 100 sessions",
+            figure(top, "messages_per_s"),
+            "{:,.0f} msg/s",
+            lambda v: v >= 1200,
+        ),
+        (
+            "p99 added latency <= 200 ms at 100 sessions",
+            figure(top, "latency_p99_ms"),
+            "{:.0f} ms",
+            lambda v: v <= 200,
+        ),
+        (
+            "pipeline >= 1,000 msg/s at 1 session",
+            figure(one, "messages_per_s"),
+            "{:,.0f} msg/s",
+            lambda v: v >= 1000,
+        ),
+        (
+            "<= 3 COMMITs per message at 1 session",
+            figure(one, "commits_per_message"),
+            "{:.2f}",
+            lambda v: v <= 3,
+        ),
+        (
+            "<= 1 COMMIT per message at 100 sessions",
+            figure(top, "commits_per_message"),
+            "{:.2f}",
+            lambda v: v <= 1,
+        ),
+        (
+            "<= 6 round trips into the database thread per message",
+            figure(top, "round_trips_per_message"),
+            "{:.1f}",
+            lambda v: v <= 6,
+        ),
+        (
+            "CPU <= 1.0 ms per message at 100 sessions",
+            figure(top, "cpu_ms_per_message"),
+            "{:.2f} ms",
+            lambda v: v <= 1.0,
+        ),
+    ]
+    for target, value, fmt, test in checks:
+        rows.append(_row(target, value, fmt, None if value is None else bool(test(value))))
+    growth = read_result("growth")
     growth_ratio = None
     if growth is not None:
         by_traffic = {row["traffic_messages"]: row for row in growth["sessions"]}
         if 100 in by_traffic and 100_000 in by_traffic:
             growth_ratio = by_traffic[100_000]["turn_median_ms"] / by_traffic[100]["turn_median_ms"]
     rows.append(
-        {
-            "target": "load + save of a 100,000-message session <= 1.2x a 100-message one",
-            "measured": "-" if growth_ratio is None else f"{growth_ratio:.2f}x",
-            "met": None if growth_ratio is None else growth_ratio <= 1.2,
-        }
+        _row(
+            "a 100,000-message session <= 1.2x a 100-message one",
+            growth_ratio,
+            "{:.2f}x",
+            None if growth_ratio is None else growth_ratio <= 1.2,
+        )
     )
-    commits = writing = None
-    if top is not None:
-        commits, writing = top["commits_per_message"], top["write_commits_per_message"]
+    window = None if growth is None else growth.get("window_ratio")
     rows.append(
-        {
-            "target": "<= 4 commits per message on the inbound-to-reply path",
-            "measured": "-"
-            if commits is None
-            else f"{commits:.2f} COMMITs, {writing:.2f} that write",
-            "met": None if commits is None else commits <= 4.0 + 1e-6,
-        }
+        _row(
+            "a turn's cost independent of the window size (160 vs 16 messages <= 1.2x)",
+            window,
+            "{:.2f}x",
+            None if window is None else window <= 1.2,
+        )
     )
-    fraction = None if top is None else top.get("fraction_of_ceiling")
+    pg = read_result("pg_pipeline")
+    pg3 = next((lv for lv in (pg or {}).get("levels", []) if lv.get("processes") == 3), None)
+    pg_rate = None if pg3 is None else float(pg3["messages_per_second"])
     rows.append(
-        {
-            "target": "pipeline >= 25% of raw commit ceiling / commits per message",
-            "measured": "-" if fraction is None else f"{fraction:.1%}",
-            "met": None if fraction is None else fraction >= 0.25,
-        }
+        _row(
+            "PostgreSQL pipeline, 3 processes >= 449 msg/s",
+            pg_rate,
+            "{:,.0f} msg/s",
+            None if pg_rate is None else pg_rate >= 449,
+        )
     )
     return rows
 
@@ -144,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed.append(name)
     summary = targets()
     print_table(
-        "Targets (issue 9)",
+        "Targets (issue 15)",
         ["target", "measured", "status"],
         [[row["target"], row["measured"], _check(row["met"])] for row in summary],
     )

@@ -247,7 +247,7 @@ class CommitCounter:
     """Counts the transactions of one store's SQLite connection, from SQLite's own trace.
 
     ``sqlite3``'s trace callback sees every statement the connection runs, the
-    ``BEGIN``/``COMMIT`` that aiosqlite issues included. A transaction is
+    ``BEGIN``/``COMMIT`` the store issues included. A transaction is
     labelled by its first statement, and counted as *writing* when
     ``total_changes`` moved between its ``BEGIN`` and its ``COMMIT`` (a commit
     that changed no row appends nothing to the WAL). The time from ``BEGIN`` to
@@ -271,7 +271,7 @@ class CommitCounter:
         self.statements = 0
         """Every statement run, ``BEGIN``/``COMMIT`` included (each row of an executemany)."""
         self.round_trips = 0
-        """Calls handed to aiosqlite's thread (one await each)."""
+        """Calls handed to the database thread (one hop each)."""
         self.by_label: Counter[str] = Counter()
         """Commits by what the transaction was."""
         self.writes_by_label: Counter[str] = Counter()
@@ -287,18 +287,18 @@ class CommitCounter:
             raise RuntimeError("the store has no connection")
         raw = getattr(conn, "_conn", None)
         if not isinstance(raw, sqlite3.Connection):
-            raise RuntimeError("cannot reach the sqlite3 connection behind aiosqlite")
+            raise RuntimeError("cannot reach the sqlite3 connection of the store")
         self._raw = raw
         await conn.set_trace_callback(self._trace)
-        # Every aiosqlite call (execute, executemany, commit...) is one queue hop to
-        # its thread through Connection._execute; count them on this instance only.
+        # Every call into the database thread (a batch, a statement of an interactive
+        # transaction) is one queue hop through _execute; count them on this instance.
         forward: Callable[..., Awaitable[Any]] = conn._execute
 
         async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
             self.round_trips += 1
             return await forward(fn, *args, **kwargs)
 
-        conn._execute = counted  # type: ignore[method-assign]
+        conn._execute = counted  # type: ignore[method-assign,assignment]
 
     def reset(self) -> None:
         """Zero the counters (between warm-up and measurement)."""
@@ -324,7 +324,7 @@ class CommitCounter:
             }
 
     def _trace(self, sql: str) -> None:
-        # Runs on aiosqlite's worker thread, inside the statement's execution.
+        # Runs on the database thread, inside the statement's execution.
         raw = self._raw
         assert raw is not None
         head = sql.lstrip()[:16].upper()

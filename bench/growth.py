@@ -151,6 +151,43 @@ async def _session_growth(directory: Path) -> list[dict[str, Any]]:
     return rows
 
 
+WINDOW_SIZES = (8, 80)
+"""Window lengths in turns (16 and 160 messages) for the window-cost comparison."""
+
+
+async def _window_cost(directory: Path) -> dict[str, Any]:
+    """The median turn with a full 16-message window against a full 160-message one.
+
+    Same past traffic, two stores timed interleaved: with a session cache and an
+    O(turn) prune the two should cost the same.
+    """
+    stores = [
+        SQLiteSessionStore(str(directory / f"window-{turns}.db"), turns) for turns in WINDOW_SIZES
+    ]
+    totals: list[list[float]] = [[] for _ in WINDOW_SIZES]
+    try:
+        for store in stores:
+            store.set_agent_resolver(lambda name: AGENT if name == AGENT.name else None)
+            await _build_session(store, 2 * max(WINDOW_SIZES) * 2)
+            await _timed_turn(store, _session_id(2 * max(WINDOW_SIZES) * 2))
+        for round_number in range(TIMED_TURNS):
+            for offset in range(len(stores)):
+                index = (round_number + offset) % len(stores)
+                load, save = await _timed_turn(
+                    stores[index], _session_id(2 * max(WINDOW_SIZES) * 2)
+                )
+                totals[index].append(load + save)
+    finally:
+        for store in stores:
+            await store.close()
+    small, large = (median(t) * 1000 for t in totals)
+    return {
+        "window_messages": [2 * t for t in WINDOW_SIZES],
+        "turn_median_ms": [small, large],
+        "window_ratio": large / small,
+    }
+
+
 # -- dedup claims ---------------------------------------------------------------------------
 
 
@@ -311,6 +348,7 @@ async def run() -> dict[str, Any]:
     started = time.perf_counter()
     with bench_tmpdir(NAME) as directory:
         sessions = await _session_growth(directory)
+        window = await _window_cost(directory)
         dedup = await _dedup(directory)
         ledger = [await _ledger(directory, case) for case in ("delivered", "backlog")]
     memory = [await _memory(0), await _memory(1)]
@@ -376,8 +414,15 @@ async def run() -> dict[str, Any]:
             for r in memory
         ],
     )
+    print(
+        f"\nWindow cost: median turn {window['turn_median_ms'][0]:.3f} ms with "
+        f"{window['window_messages'][0]} messages, {window['turn_median_ms'][1]:.3f} ms with "
+        f"{window['window_messages'][1]} ({window['window_ratio']:.2f}x)"
+    )
     payload = {
         "sessions": sessions,
+        "window_ratio": window["window_ratio"],
+        "window": window,
         "dedup": dedup,
         "ledger": ledger,
         "memory": memory,

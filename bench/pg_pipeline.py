@@ -70,14 +70,18 @@ class LoopAdapter(PlatformAdapter):
     def __init__(self) -> None:
         self._on_event: EventHandler | None = None
         self._waiters: dict[str, asyncio.Future[float]] = {}
-        self.is_connected = False
+        self._connected = False
+
+    @property
+    def is_connected(self) -> bool:
+        return self._connected
 
     async def start(self, on_event: EventHandler) -> None:
         self._on_event = on_event
-        self.is_connected = True
+        self._connected = True
 
     async def stop(self) -> None:
-        self.is_connected = False
+        self._connected = False
 
     async def send(
         self, chat_id: str, text: str, *, thread_id: str | None = None, reply_to: str | None = None

@@ -48,6 +48,7 @@ import asyncpg
 
 from bot.core.ids import validate_session_id
 from bot.core.session import DEFAULT_MAX_TURNS
+from bot.core.session_cache import DEFAULT_CACHE_MESSAGES, VERSION_SQL, SessionCache
 from bot.core.session_schema import SCHEMA_VERSION, ensure_session_schema_in
 from bot.core.sql import (
     advisory_key,
@@ -177,6 +178,8 @@ class PostgresSessionStore(SQLSessionStore):
     parameters are server settings (``?search_path=tenant_a`` keeps the tables
     in that schema). Opens lazily on first use (or ``await store.open()``);
     ``close()`` is final. Unknown keyword arguments raise ``TypeError``.
+    ``cache_messages`` bounds the committed windows kept in memory
+    (``bot.core.session_cache``; 0 turns the cache off).
     """
 
     _FOR_SHARE = " FOR SHARE"
@@ -199,8 +202,10 @@ class PostgresSessionStore(SQLSessionStore):
         min_pool: int = 1,
         max_pool: int = DEFAULT_MAX_POOL,
         max_lock_connections: int = DEFAULT_MAX_LOCK_CONNECTIONS,
+        cache_messages: int = DEFAULT_CACHE_MESSAGES,
     ) -> None:
         super().__init__(default_max_turns, dedup_ttl_hours=dedup_ttl_hours, clock=clock)
+        self._cache = SessionCache(cache_messages)
         if not isinstance(dsn, str):
             raise TypeError("dsn must be a str")
         if not is_postgres_url(dsn):
@@ -379,3 +384,21 @@ class PostgresSessionStore(SQLSessionStore):
 
     def _is_unique_violation(self, exc: BaseException | None) -> bool:
         return isinstance(exc, asyncpg.UniqueViolationError)
+
+    async def _read_version(self, session_id: str) -> tuple[Any, ...] | None:
+        # One autocommit read on a pooled connection: no BEGIN or COMMIT round trip.
+        task = asyncio.current_task()
+        if task is not None and task in self._tx_tasks:
+            return await super()._read_version(session_id)  # refuses the re-entry
+        pool, _ = await self._pools()
+        try:
+            conn: _Conn = await pool.acquire()
+        except _DB_ERRORS as exc:
+            raise StorageError(f"cannot reach PostgreSQL: {_describe(exc)}") from exc
+        try:
+            row = await conn.fetchrow(qmark_to_dollar(VERSION_SQL), session_id, session_id)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
+        finally:
+            await self._release(pool, conn)
+        return None if row is None else tuple(row)

@@ -63,7 +63,10 @@ class RunResult:
 
 
 OnCommit = Callable[[RunResult, Transaction], Awaitable[None]]
-"""Called with the result and the store's open transaction, inside the save."""
+"""Called with the result and the store's open transaction, inside the save.
+
+It must only run SQL on that transaction: on SQLite the whole save runs in one
+go on the database thread, and a hook that awaits anything else fails the turn."""
 
 
 class Runner:

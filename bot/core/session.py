@@ -34,7 +34,11 @@ whole turn (load, run, save) so that never happens.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from bot.core.agent import Agent
@@ -67,6 +71,27 @@ class _Entry(NamedTuple):
     message: Message
 
 
+_seq_of = attrgetter("seq")
+# Enum member lookups (``Role.USER``) are slow attribute reads; the hot paths use these.
+_SYSTEM, _USER, _MODEL, _TOOL = Role.SYSTEM, Role.USER, Role.MODEL, Role.TOOL
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _copy_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``metadata``; a plain dict copy when every value is immutable."""
+    if all(type(value) in _ATOMS for value in metadata.values()):
+        return dict(metadata)
+    return copy.deepcopy(metadata)
+
+
+def _call_ids(message: Message) -> Iterable[str]:
+    """The distinct tool-call ids of a MODEL message, in order."""
+    calls = message.tool_calls
+    if len(calls) == 1:
+        return (calls[0].id,)
+    return dict.fromkeys(call.id for call in calls)
+
+
 class _Changes(NamedTuple):
     """What a save must write: computed before the transaction, applied after commit."""
 
@@ -75,25 +100,40 @@ class _Changes(NamedTuple):
     replace: bool
 
 
+class _State(NamedTuple):
+    """A context's history and indices, frozen (``SessionContext._state`` / ``_from_state``)."""
+
+    systems: tuple[_Entry, ...]
+    others: tuple[_Entry, ...]
+    users: tuple[int, ...]
+    calls: tuple[tuple[str, tuple[int, ...]], ...]
+    tools: tuple[tuple[str, tuple[int, ...]], ...]
+    indexed: bool
+    next_seq: int
+
+
 class SessionCheckpoint:
     """Opaque token from ``SessionContext.checkpoint()``; valid only for that context."""
 
-    __slots__ = ("_agent", "_entries", "_metadata", "_owner")
+    __slots__ = ("_agent", "_metadata", "_others", "_owner", "_systems")
 
     def __init__(
         self,
         owner: SessionContext,
-        entries: tuple[_Entry, ...],
+        systems: tuple[_Entry, ...],
+        others: tuple[_Entry, ...],
         agent: Agent,
         metadata: dict[str, Any],
     ) -> None:
         self._owner = owner
-        self._entries = entries
+        self._systems = systems
+        self._others = others
         self._agent = agent
         self._metadata = metadata
 
     def __repr__(self) -> str:
-        return f"<SessionCheckpoint messages={len(self._entries)} agent={self._agent.name!r}>"
+        count = len(self._systems) + len(self._others)
+        return f"<SessionCheckpoint messages={count} agent={self._agent.name!r}>"
 
 
 class SessionContext:
@@ -101,6 +141,15 @@ class SessionContext:
 
     ``history`` is pruned by whole turns on every ``add_message``; edit it only
     through ``add_message``, ``prune_history`` and ``rollback_to``.
+
+    The history is held pruned as SYSTEM entries plus the turns (``_others``,
+    which starts at a USER message), with indices that make an append O(turn),
+    not O(window): the seqs of the USER messages (``_users``, one per kept
+    turn) and, per tool-call id, the seqs of the kept MODEL messages carrying
+    it (``_calls``; its length is the id's reference count) and of the kept
+    TOOL messages answering it (``_tools``). Seqs grow along ``_others``, so
+    "earlier" is "smaller seq". The full pass (``prune_history``) builds the
+    indices; a rollback leaves them to be rebuilt by the next append.
     """
 
     def __init__(
@@ -117,7 +166,12 @@ class SessionContext:
         self._agent = initial_agent
         self._max_turns = check_max_turns(max_turns)
         self._metadata: dict[str, Any] = dict(metadata) if metadata else {}
-        self._entries: list[_Entry] = []
+        self._systems: list[_Entry] = []
+        self._others: deque[_Entry] = deque()
+        self._users: deque[int] = deque()
+        self._calls: dict[str, deque[int]] = {}
+        self._tools: dict[str, deque[int]] = {}
+        self._indexed = True  # False after a rollback, until the next append rebuilds them
         self._next_seq = 0
         self._deleted = False
         self._persisted_seqs: set[int] = set()
@@ -153,7 +207,7 @@ class SessionContext:
     @property
     def history(self) -> list[Message]:
         """A copy of the pruned history: SYSTEM messages first, then whole turns."""
-        return [entry.message for entry in self._entries]
+        return [entry.message for entry in self._iter_entries()]
 
     @property
     def max_turns(self) -> int:
@@ -168,40 +222,103 @@ class SessionContext:
     def __repr__(self) -> str:
         return (
             f"<SessionContext id={log_session_id(self._session_id)!r} "
-            f"agent={self._agent.name!r} messages={len(self._entries)}>"
+            f"agent={self._agent.name!r} messages={len(self._systems) + len(self._others)}>"
         )
 
     # -- history --------------------------------------------------------------------
 
+    def _iter_entries(self) -> Iterator[_Entry]:
+        return chain(self._systems, self._others)
+
+    @property
+    def _entries(self) -> list[_Entry]:
+        """The pruned history as ``(seq, message)`` entries, SYSTEM first (a copy)."""
+        return [*self._systems, *self._others]
+
     def add_message(self, message: Message) -> None:
-        """Append ``message`` to the history, then prune it."""
+        """Append ``message`` to the history, then prune it.
+
+        The history is pruned between calls, so an append prunes incrementally,
+        in O(turn) whatever the window's length: a USER message past
+        ``max_turns`` drops the oldest turn (only that one can fall out) and
+        the TOOL results it orphans; a SYSTEM message joins the others at the
+        front; a MODEL or TOOL message before the first USER message, or a TOOL
+        message whose call no kept MODEL message carries, is dropped at once.
+        The result is what ``prune_history()`` gives (DESIGN §3.2).
+        """
         if not isinstance(message, Message):
             raise TypeError("add_message expects a Message")
-        fits = self._fits_at_end(message)
-        self._entries.append(_Entry(self._next_seq, message))
+        if not self._indexed:
+            self.prune_history()  # a pruned history stays as it is; the indices are rebuilt
+        entry = _Entry(self._next_seq, message)
         self._next_seq += 1
-        if not fits:
-            self.prune_history()
+        role = message.role
+        if role == _USER:
+            self._others.append(entry)
+            self._users.append(entry.seq)
+            while len(self._users) > self._max_turns:
+                self._drop_oldest_turn()
+        elif role == _SYSTEM:
+            self._systems.append(entry)
+        elif not self._users:
+            return  # nothing before the first USER message is kept
+        elif role == _MODEL:
+            self._others.append(entry)
+            calls = self._calls
+            for call_id in _call_ids(message):
+                refs = calls.get(call_id)
+                if refs is None:
+                    calls[call_id] = deque((entry.seq,))
+                else:
+                    refs.append(entry.seq)
+        else:
+            answered = message.tool_call_id
+            if answered is None or answered not in self._calls:
+                return  # its call is not in the history
+            self._others.append(entry)
+            answers = self._tools.get(answered)
+            if answers is None:
+                self._tools[answered] = deque((entry.seq,))
+            else:
+                answers.append(entry.seq)
 
-    def _fits_at_end(self, message: Message) -> bool:
-        """Whether a pruned history stays pruned with ``message`` appended.
+    def _drop_oldest_turn(self) -> None:
+        """Drop the oldest turn and the TOOL results that lose their call with it.
 
-        The history is always pruned between calls (construction, restore and
-        rollback prune or restore a pruned state), so a MODEL answer after a
-        USER message, or a TOOL result whose call is in the history, changes
-        nothing: the full pass (O(history)) is needed only for USER and SYSTEM
-        messages, once a turn rather than at every step of it.
+        A TOOL result stays iff a kept MODEL message *before* it carries its
+        call id; only ids used in the dropped turn can lose such a message,
+        and for each the results before its first remaining call go (an id may
+        repeat across turns, so a later call can keep later results alive).
         """
-        if message.role == Role.MODEL:
-            return any(entry.message.role == Role.USER for entry in self._entries)
-        if message.role == Role.TOOL and message.tool_call_id is not None:
-            call_id = message.tool_call_id
-            for entry in reversed(self._entries):
-                if entry.message.role == Role.MODEL and any(
-                    call.id == call_id for call in entry.message.tool_calls
-                ):
-                    return True
-        return False
+        others = self._others
+        self._users.popleft()
+        boundary = self._users[0]  # the seq of the new oldest turn's USER message
+        touched: dict[str, None] = {}
+        while others[0].seq < boundary:
+            message = others.popleft().message
+            if message.role == _MODEL:
+                touched.update(dict.fromkeys(_call_ids(message)))
+            elif message.tool_call_id is not None:
+                touched[message.tool_call_id] = None
+        orphans: list[int] = []
+        for call_id in touched:
+            refs = self._calls.get(call_id)
+            while refs and refs[0] < boundary:
+                refs.popleft()
+            first_call = refs[0] if refs else None
+            if refs is not None and not refs:
+                del self._calls[call_id]
+            answers = self._tools.get(call_id)
+            if answers is None:
+                continue
+            while answers and answers[0] < boundary:
+                answers.popleft()
+            while answers and (first_call is None or answers[0] < first_call):
+                orphans.append(answers.popleft())
+            if not answers:
+                del self._tools[call_id]
+        for seq in sorted(orphans, reverse=True):
+            del others[bisect_left(others, seq, key=_seq_of)]
 
     def prune_history(self) -> None:
         """Apply DESIGN §3.2's pruning rules to the history.
@@ -209,37 +326,57 @@ class SessionContext:
         SYSTEM messages stay at the front in order; everything before the first
         USER message goes; only the last ``max_turns`` turns stay; a TOOL
         message whose call is not in an earlier kept MODEL message goes.
+        This full pass (O(history)) also serves restores and rollbacks.
         """
-        systems: list[_Entry] = []
-        others: list[_Entry] = []
-        for entry in self._entries:
-            (systems if entry.message.role == Role.SYSTEM else others).append(entry)
-        user_positions = [i for i, e in enumerate(others) if e.message.role == Role.USER]
-        if not user_positions:
-            others = []
-        else:
-            others = others[user_positions[-min(self._max_turns, len(user_positions))] :]
-        kept: list[_Entry] = []
-        calls: set[str] = set()
-        for entry in others:
-            message = entry.message
-            if message.role == Role.MODEL:
-                calls.update(call.id for call in message.tool_calls)
-            elif message.role == Role.TOOL and (
-                message.tool_call_id is None or message.tool_call_id not in calls
-            ):
-                continue
-            kept.append(entry)
-        self._entries = systems + kept
+        self._prune_entries(list(self._iter_entries()))
 
     _prune_history = prune_history
+
+    def _prune_entries(self, entries: Iterable[_Entry]) -> None:
+        """Set the history to ``entries`` (seqs growing), pruned in full; rebuild the indices."""
+        systems: list[_Entry] = []
+        others: list[_Entry] = []
+        for entry in entries:
+            (systems if entry.message.role == _SYSTEM else others).append(entry)
+        user_positions = [i for i, e in enumerate(others) if e.message.role == _USER]
+        if user_positions:
+            others = others[user_positions[-min(self._max_turns, len(user_positions))] :]
+        else:
+            others = []
+        kept: deque[_Entry] = deque()
+        users: deque[int] = deque()
+        calls: dict[str, deque[int]] = {}
+        tools: dict[str, deque[int]] = {}
+        for entry in others:
+            message = entry.message
+            if message.role == _MODEL:
+                for call_id in _call_ids(message):
+                    calls.setdefault(call_id, deque()).append(entry.seq)
+            elif message.role == _TOOL:
+                answered = message.tool_call_id
+                if answered is None or answered not in calls:
+                    continue
+                tools.setdefault(answered, deque()).append(entry.seq)
+            elif message.role == _USER:
+                users.append(entry.seq)
+            kept.append(entry)
+        self._systems = systems
+        self._others = kept
+        self._users = users
+        self._calls = calls
+        self._tools = tools
+        self._indexed = True
 
     # -- checkpoints ----------------------------------------------------------------
 
     def checkpoint(self) -> SessionCheckpoint:
         """Capture history, active agent and metadata for a later ``rollback_to``."""
         return SessionCheckpoint(
-            self, tuple(self._entries), self._agent, copy.deepcopy(self._metadata)
+            self,
+            tuple(self._systems),
+            tuple(self._others),
+            self._agent,
+            _copy_metadata(self._metadata),
         )
 
     def rollback_to(self, checkpoint: SessionCheckpoint) -> None:
@@ -252,9 +389,13 @@ class SessionContext:
             raise TypeError("rollback_to expects a token from checkpoint()")
         if checkpoint._owner is not self:
             raise ValueError("this checkpoint belongs to another SessionContext")
-        self._entries = list(checkpoint._entries)
+        self._systems = list(checkpoint._systems)
+        self._others = deque(checkpoint._others)
+        # The indices wait for the next append: a failed turn's context is often
+        # dropped, and the checkpointed history is already pruned.
+        self._indexed = False
         self._agent = checkpoint._agent
-        self._metadata = copy.deepcopy(checkpoint._metadata)
+        self._metadata = _copy_metadata(checkpoint._metadata)
 
     # -- store bookkeeping (used by the stores only) --------------------------------
 
@@ -270,19 +411,57 @@ class SessionContext:
         incarnation: str,
     ) -> SessionContext:
         context = cls(session_id, agent, max_turns, metadata)
-        context._entries = sorted((_Entry(s, m) for s, m in entries), key=lambda e: e.seq)
+        ordered = sorted((_Entry(s, m) for s, m in entries), key=_seq_of)
         context._persisted_seqs = set(persisted_seqs)
-        known = context._persisted_seqs.union(e.seq for e in context._entries)
+        known = context._persisted_seqs.union(e.seq for e in ordered)
         context._next_seq = max(known, default=-1) + 1
         context._incarnation = incarnation
-        context.prune_history()
+        context._prune_entries(ordered)  # the full pass: foreign rows, another max_turns
+        return context
+
+    def _state(self) -> _State:
+        """The history and its indices, frozen: ``_from_state`` rebuilds them without a prune."""
+        return _State(
+            tuple(self._systems),
+            tuple(self._others),
+            tuple(self._users),
+            tuple((k, tuple(v)) for k, v in self._calls.items()),
+            tuple((k, tuple(v)) for k, v in self._tools.items()),
+            self._indexed,
+            self._next_seq,
+        )
+
+    @classmethod
+    def _from_state(
+        cls,
+        session_id: str,
+        agent: Agent,
+        max_turns: int,
+        metadata: Mapping[str, Any],
+        state: _State,
+        persisted_seqs: Iterable[int],
+        incarnation: str,
+    ) -> SessionContext:
+        """A new context holding ``state`` (taken from a context of the same ``max_turns``)."""
+        context = cls(session_id, agent, max_turns, metadata)
+        context._systems = list(state.systems)
+        context._others = deque(state.others)
+        context._users = deque(state.users)
+        context._calls = {k: deque(v) for k, v in state.calls}
+        context._tools = {k: deque(v) for k, v in state.tools}
+        context._indexed = state.indexed
+        context._next_seq = state.next_seq
+        context._persisted_seqs = set(persisted_seqs)
+        context._incarnation = incarnation
         return context
 
     def _pending_changes(self) -> _Changes:
+        entries = self._entries
         if self._incarnation is None:
-            return _Changes(tuple(self._entries), (), True)
-        current = {entry.seq for entry in self._entries}
-        inserts = tuple(e for e in self._entries if e.seq not in self._persisted_seqs)
+            return _Changes(tuple(entries), (), True)
+        persisted = self._persisted_seqs
+        current = {entry.seq for entry in entries}
+        inserts = tuple(e for e in entries if e.seq not in persisted)
         deletes = tuple(sorted(self._persisted_seqs - current))
         return _Changes(inserts, deletes, False)
 

@@ -60,11 +60,38 @@ MIGRATIONS: Final[Mapping[int, tuple[str, ...]]] = {
         # list_sessions orders by it.
         "CREATE INDEX IF NOT EXISTS chatflow_sessions_updated_at ON chatflow_sessions (updated_at)",
     ),
+    # 2: a version per session, for the stores' session caches. Saves bump it; a
+    # trigger (``_VERSION_TRIGGERS``, created with it) bumps it on hand-made message edits.
+    2: ("ALTER TABLE chatflow_sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0",),
 }
 """``MIGRATIONS[v]`` moves the session tables from version ``v - 1`` to ``v`` (SQLite DDL)."""
 
 SCHEMA_VERSION: Final = max(MIGRATIONS)
 """The ``session_store`` version this code writes and understands."""
+
+# An UPDATE of a message row (an operator's hand edit, an older tool) bumps its
+# session's ``version``; saves bump it themselves and never update a message row,
+# so they fire no trigger. What else a hand edit can change, the caches' freshness
+# read compares itself: the session's message-row count (an insert or a delete),
+# its agent and its metadata (``bot.core.session_cache.VERSION_SQL``).
+_VERSION_TRIGGERS: Final[Mapping[str, tuple[str, ...]]] = {
+    "sqlite": (
+        "CREATE TRIGGER chatflow_messages_update_version AFTER UPDATE ON chatflow_messages "
+        "BEGIN UPDATE chatflow_sessions SET version = version + 1 "
+        "WHERE session_id IN (OLD.session_id, NEW.session_id); END",
+    ),
+    "postgres": (
+        """CREATE OR REPLACE FUNCTION chatflow_messages_version() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            UPDATE chatflow_sessions SET version = version + 1
+            WHERE session_id IN (OLD.session_id, NEW.session_id);
+            RETURN NULL;
+        END $$""",
+        "CREATE TRIGGER chatflow_messages_version AFTER UPDATE "
+        "ON chatflow_messages FOR EACH ROW EXECUTE FUNCTION chatflow_messages_version()",
+    ),
+}
 
 _REQUIRED_COLUMNS: Final[Mapping[str, frozenset[str]]] = {
     "chatflow_sessions": frozenset(
@@ -98,7 +125,8 @@ async def ensure_session_schema_in(tx: Transaction) -> int:
             f"the session database is at schema version {legacy}, newer than this "
             f"Chatflow knows ({SCHEMA_VERSION}); upgrade Chatflow or use another file"
         )
-    if await schema_version_in(tx, COMPONENT) == 0:
+    before = await schema_version_in(tx, COMPONENT)
+    if before == 0:
         present = {t: c for t, c in (await _columns_in(tx)).items() if c}
         if present and not legacy:
             raise SchemaVersionError(
@@ -109,6 +137,9 @@ async def ensure_session_schema_in(tx: Transaction) -> int:
         _check_columns(present)  # before migration 1 completes them
     version = await ensure_schema(tx, COMPONENT, MIGRATIONS)
     _check_columns(await _columns_in(tx))
+    if before < 2 <= version:  # migration 2 just ran: its triggers are dialect-specific
+        for statement in _VERSION_TRIGGERS[tx.dialect]:
+            await tx.execute(statement)
     if tx.dialect == "sqlite" and legacy != version:
         await tx.execute(f"PRAGMA user_version = {int(version)}")
     return version

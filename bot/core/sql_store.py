@@ -3,7 +3,8 @@
 Both stores hold the same three tables (DESIGN.md §3.3, created by
 ``bot.core.session_schema``) and run the same SQL through their
 ``Transaction`` (``?`` placeholders; PostgreSQL's translates them). A subclass
-supplies the connection side -- ``_transaction`` (begin, on its driver),
+supplies the connection side -- ``_transaction`` (begin, on its driver, end
+with ``_settle``; ``run`` may drive a body in one call instead),
 locking clauses, the purge statement and how a unique-key violation shows --
 and this class does the rest: end a transaction (commit or roll back, even
 under cancellation), load a session's window by index, save only what changed
@@ -16,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, ClassVar, Final, TypeVar
 
@@ -26,6 +28,7 @@ from bot.core.agent import Agent
 from bot.core.ids import check_message_id, log_session_id, validate_session_id
 from bot.core.messages import Message
 from bot.core.session import SessionContext, _Changes, seq_runs
+from bot.core.session_cache import CachedLoads
 from bot.core.sql import Transaction
 from bot.core.store import (
     PURGE_BATCH_SIZE,
@@ -54,9 +57,15 @@ _INSERT_MESSAGE_SQL: Final = (
     "INSERT INTO chatflow_messages (session_id, seq, role, message_json, created_at) "
     "VALUES (?, ?, ?, ?, ?)"
 )
+# A new session starts at a random version: a re-created one never matches an old snapshot.
 _INSERT_SESSION_SQL: Final = (
     "INSERT INTO chatflow_sessions (session_id, active_agent_name, metadata_json, "
-    "created_at, updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING"
+    "created_at, updated_at, version) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (session_id) DO NOTHING"
+)
+_UPDATE_SESSION_SQL: Final = (
+    "UPDATE chatflow_sessions SET active_agent_name = ?, metadata_json = ?, updated_at = ?, "
+    "version = ? WHERE session_id = ?"
 )
 
 
@@ -92,7 +101,7 @@ class DriverTransaction(ABC):
 _TxT = TypeVar("_TxT", bound=DriverTransaction)
 
 
-class SQLSessionStore(TransactionalStore):
+class SQLSessionStore(TransactionalStore, CachedLoads):
     """A session store on a SQL database; subclasses bring the connection."""
 
     _FOR_SHARE: ClassVar[str] = ""
@@ -125,15 +134,6 @@ class SQLSessionStore(TransactionalStore):
     @abstractmethod
     async def _open_connection(self) -> None:
         """Connect and migrate; called once, under ``_open_lock``."""
-
-    @abstractmethod
-    def _transaction(
-        self, *, write: bool, on_commit: Callable[[], None] | None = None
-    ) -> AbstractAsyncContextManager[Transaction]:
-        """A transaction; ``on_commit`` runs once it is known to have committed.
-
-        Implementations begin it on their driver and end it with ``_settle``.
-        """
 
     @abstractmethod
     def _is_unique_violation(self, exc: BaseException | None) -> bool:
@@ -200,25 +200,29 @@ class SQLSessionStore(TransactionalStore):
         ``metadata`` is used only when the session is created.
         """
         validate_session_id(session_id)
+        cached = await self._load_cached(session_id, default_agent)
+        if cached is not None:
+            return cached
         fresh = SessionContext(session_id, default_agent, self._default_max_turns, metadata)
         metadata_json = dump_metadata(fresh.metadata)
         now = _iso(self.now())
-        created = False
-        async with self._transaction(write=True) as tx:
+        version = secrets.randbits(52)
+
+        async def body(tx: Transaction) -> tuple[bool, tuple[Any, ...] | None, list[Any]]:
             row = await self._read_session(tx, session_id)
+            created = False
             if row is None:
-                created = (
-                    await tx.execute(
-                        _INSERT_SESSION_SQL,
-                        (session_id, default_agent.name, metadata_json, now, now),
-                    )
-                    == 1
-                )
+                params = (session_id, default_agent.name, metadata_json, now, now, version)
+                created = await tx.execute(_INSERT_SESSION_SQL, params) == 1
                 if not created:  # another process created it a moment ago
                     row = await self._read_session(tx, session_id)
             messages = [] if row is None else await self._read_messages(tx, session_id)
+            return created, row, messages
+
+        created, row, messages = await self.run(body)
         if created:
             fresh._mark_saved(_Changes((), (), True), now)
+            self._remember(fresh, version, default_agent.name, metadata_json)
             context = fresh
         elif row is None:
             raise StorageError(
@@ -232,10 +236,16 @@ class SQLSessionStore(TransactionalStore):
     async def get(self, session_id: str) -> SessionContext | None:
         """A fresh context for the stored session, or ``None``."""
         validate_session_id(session_id)
-        # A locking read (FOR SHARE) cannot run in a read-only transaction.
-        async with self._transaction(write=bool(self._FOR_SHARE)) as tx:
+        cached = await self._load_cached(session_id, None)
+        if cached is not None:
+            return cached
+
+        async def body(tx: Transaction) -> tuple[tuple[Any, ...] | None, list[Any]]:
             row = await self._read_session(tx, session_id)
-            messages = [] if row is None else await self._read_messages(tx, session_id)
+            return row, [] if row is None else await self._read_messages(tx, session_id)
+
+        # A locking read (FOR SHARE) cannot run in a read-only transaction.
+        row, messages = await self.run(body, write=bool(self._FOR_SHARE))
         if row is None:
             return None
         context = self._build(session_id, row, messages)
@@ -246,7 +256,7 @@ class SQLSessionStore(TransactionalStore):
         # No save of this session can commit between this read and the messages read,
         # so the two are one consistent state (FOR SHARE, or SQLite's one-writer lock).
         return await tx.fetchone(
-            "SELECT active_agent_name, metadata_json, created_at "
+            "SELECT active_agent_name, metadata_json, created_at, version "
             "FROM chatflow_sessions WHERE session_id = ?" + self._FOR_SHARE,
             (session_id,),
         )
@@ -265,7 +275,7 @@ class SQLSessionStore(TransactionalStore):
         *,
         fallback: Agent | None = None,
     ) -> SessionContext:
-        agent_name, metadata_json, created_at = row
+        agent_name, metadata_json, created_at, version = row
         try:
             metadata = json.loads(metadata_json)
         except (TypeError, ValueError):
@@ -274,7 +284,7 @@ class SQLSessionStore(TransactionalStore):
             logger.warning(
                 "session %s: unreadable metadata replaced by {}", log_session_id(session_id)
             )
-            metadata = {}
+            metadata, metadata_json = {}, "{}"
         entries: list[tuple[int, Message]] = []
         seqs: list[int] = []
         for seq, message_json in messages:
@@ -290,15 +300,11 @@ class SQLSessionStore(TransactionalStore):
                     type(exc).__name__,
                 )
         agent = self._resolve_agent(str(agent_name), fallback)
-        return SessionContext._restore(
-            session_id,
-            agent,
-            self._default_max_turns,
-            metadata,
-            entries,
-            seqs,
-            str(created_at),
+        context = SessionContext._restore(
+            session_id, agent, self._default_max_turns, metadata, entries, seqs, str(created_at)
         )
+        self._remember(context, int(version), str(agent_name), str(metadata_json))
+        return context
 
     async def save(self, session: SessionContext, *, also: SaveHook | None = None) -> None:
         """Write the session's changes in one transaction (O(messages added or pruned)).
@@ -326,29 +332,39 @@ class SQLSessionStore(TransactionalStore):
             )
             for entry in changes.inserts
         ]
-        incarnation = session._incarnation or now
+        loaded_incarnation = session._incarnation
+        incarnation = loaded_incarnation or now
+        gone = saved = False
+        version = secrets.randbits(52)
+        state = session._state() if self._cache.enabled else None  # what this save writes
 
         def committed() -> None:
+            nonlocal saved
+            saved = True
             session._mark_saved(changes, incarnation)
+            self._remember(session, version, agent_name, metadata_json, state)
 
-        async with self._transaction(write=True, on_commit=committed) as tx:
+        # The body may run on a database thread: it touches no session state.
+        async def body(tx: Transaction) -> None:
+            nonlocal incarnation, gone, version
             # Saves of one session queue here, whatever process runs them.
             row = await tx.fetchone(
-                "SELECT created_at FROM chatflow_sessions WHERE session_id = ?" + self._FOR_UPDATE,
+                "SELECT created_at, version FROM chatflow_sessions WHERE session_id = ?"
+                + self._FOR_UPDATE,
                 (session_id,),
             )
             if not changes.replace:
-                if row is None or row[0] != session._incarnation:
-                    session._mark_deleted()
+                if row is None or row[0] != loaded_incarnation:
+                    gone = True
                     raise SessionDeletedError(f"session {log_session_id(session_id)} was deleted")
             elif row is None:
                 created = await tx.execute(
-                    _INSERT_SESSION_SQL, (session_id, agent_name, metadata_json, now, now)
+                    _INSERT_SESSION_SQL, (session_id, agent_name, metadata_json, now, now, version)
                 )
                 if created != 1:
                     # Created by someone else since the read: replace it like any row.
                     row = await tx.fetchone(
-                        "SELECT created_at FROM chatflow_sessions WHERE session_id = ?"
+                        "SELECT created_at, version FROM chatflow_sessions WHERE session_id = ?"
                         + self._FOR_UPDATE,
                         (session_id,),
                     )
@@ -361,12 +377,6 @@ class SQLSessionStore(TransactionalStore):
                 incarnation = str(row[0])
                 await tx.execute(
                     "DELETE FROM chatflow_messages WHERE session_id = ?", (session_id,)
-                )
-            if row is not None:
-                await tx.execute(
-                    "UPDATE chatflow_sessions SET active_agent_name = ?, metadata_json = ?, "
-                    "updated_at = ? WHERE session_id = ?",
-                    (agent_name, metadata_json, now, session_id),
                 )
             if changes.deletes:
                 await tx.executemany(
@@ -384,8 +394,23 @@ class SQLSessionStore(TransactionalStore):
                             "(hold session_lock for a whole turn)"
                         ) from exc.__cause__
                     raise
+            # The row is locked, and a save's statements fire no trigger: nothing else
+            # moves the version before this UPDATE.
+            version = (version if row is None else int(row[1])) + 1
+            await tx.execute(
+                _UPDATE_SESSION_SQL, (agent_name, metadata_json, now, version, session_id)
+            )
             if also is not None:
                 await also(tx)
+
+        try:
+            await self.run(body, on_commit=committed)
+        except BaseException as exc:
+            if not saved:  # failed, conflicting or rolled back: the store may differ
+                self._cache.drop(session_id)
+            if gone and isinstance(exc, SessionDeletedError):
+                session._mark_deleted()
+            raise
         self._track(session)
 
     async def delete(self, session_id: str) -> bool:
@@ -395,6 +420,7 @@ class SQLSessionStore(TransactionalStore):
             deleted = await tx.execute(
                 "DELETE FROM chatflow_sessions WHERE session_id = ?", (session_id,)
             )
+        self._cache.drop(session_id)
         self._mark_deleted(session_id)
         return deleted > 0
 
@@ -412,8 +438,11 @@ class SQLSessionStore(TransactionalStore):
         """Atomically claim ``message_id``: ``True`` only for the first claim within the TTL,
         across every process on the database (its primary key decides)."""
         check_message_id(message_id)
-        async with self._transaction(write=True) as tx:
+
+        async def body(tx: Transaction) -> bool:
             return await self.claim_in(tx, message_id)
+
+        return await self.run(body)
 
     async def claim_in(self, tx: Transaction, message_id: str) -> bool:
         """Claim ``message_id`` inside ``tx`` (a transaction of this store).

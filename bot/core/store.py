@@ -3,8 +3,9 @@
 ``BaseSessionStore`` is what every store offers: load, save, delete and list
 sessions, per-session locks, and inbound-message dedup. ``TransactionalStore``
 is the capability of the SQL stores on top of it: ``transaction()`` blocks,
-``claim_in`` and ``save(session, also=hook)``, through which the gateway writes
-its inbox and ledger rows in the session's own transaction. Code that needs
+``run(body)`` (one transaction in one call: the hot path's form), ``claim_in``
+and ``save(session, also=hook)``, through which the gateway writes its inbox
+and ledger rows in the session's own transaction. Code that needs
 SQL types against ``TransactionalStore`` and checks what it is given with
 ``require_transactional``, so an in-memory store fails at once, not inside a
 turn.
@@ -16,11 +17,11 @@ import json
 import logging
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 from bot.core._locks import KeyedLocks
 from bot.core.agent import Agent
@@ -39,6 +40,7 @@ __all__ = [
     "NotTransactionalError",
     "SaveHook",
     "SessionDeletedError",
+    "TransactionBody",
     "TransactionalStore",
     "as_utc",
     "dump_metadata",
@@ -74,7 +76,15 @@ class NotTransactionalError(StorageError, TypeError):
 
 
 SaveHook = Callable[[Transaction], Awaitable[None]]
-"""Extra writes run by ``save(session, also=hook)`` inside the session's own transaction."""
+"""Extra writes run by ``save(session, also=hook)`` inside the session's own transaction.
+
+It must not suspend (await only the ``Transaction``): on SQLite it runs on the
+database thread, inside ``run``."""
+
+_T = TypeVar("_T")
+
+TransactionBody = Callable[[Transaction], Coroutine[Any, Any, _T]]
+"""``async def body(tx) -> T`` for ``TransactionalStore.run``: awaits only ``tx``."""
 
 AgentResolver = Callable[[str], Agent | None]
 """Maps a stored agent name back to the live ``Agent`` (``None`` when unknown)."""
@@ -277,6 +287,34 @@ class TransactionalStore(BaseSessionStore):
     @abstractmethod
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """An ``async with`` block running SQL in one transaction on the store's database."""
+
+    @abstractmethod
+    def _transaction(
+        self, *, write: bool, on_commit: Callable[[], None] | None = None
+    ) -> AbstractAsyncContextManager[Transaction]:
+        """A transaction; ``on_commit`` runs once it is known to have committed.
+
+        Implementations begin it on their driver and end it by ``SQLSessionStore._settle``.
+        """
+
+    async def run(
+        self,
+        body: TransactionBody[_T],
+        *,
+        write: bool = True,
+        on_commit: Callable[[], None] | None = None,
+    ) -> _T:
+        """``await body(tx)`` in one transaction, committed (or rolled back) when it returns.
+
+        ``body`` may await only ``tx``'s methods: on SQLite it runs on the
+        database thread in one call, and one that suspends fails with
+        ``StorageError``. ``on_commit()`` runs on the caller's loop once the
+        commit is known. A caller cancelled once its body is on the database
+        thread (SQLite) or its COMMIT is sent waits for the outcome, runs
+        ``on_commit`` if it committed, then raises ``CancelledError``.
+        """
+        async with self._transaction(write=write, on_commit=on_commit) as tx:
+            return await body(tx)
 
     @abstractmethod
     async def claim_in(self, tx: Transaction, message_id: str) -> bool:

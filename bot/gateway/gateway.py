@@ -305,6 +305,9 @@ class Gateway:
             if loop_task is not None:
                 loop_task.cancel()
                 await asyncio.gather(loop_task, return_exceptions=True)
+        # The lanes are drained: commit their buffered delivered marks, then retry
+        # whatever a storage failure kept out (that includes a failed flush).
+        await self.ledger.flush()
         if await self.ledger.record_unrecorded():
             logger.warning(
                 "%d send outcome(s) could not be recorded; those replies are resent with "

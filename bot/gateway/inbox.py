@@ -153,7 +153,8 @@ class Inbox:
         await self._ensure_open()
         now = to_epoch(self._clock())
         payload = json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
-        async with self._store.transaction() as tx:
+
+        async def body(tx: Transaction) -> bool:
             if not await self._store.claim_in(tx, event.message_id):
                 return False
             inserted = await tx.execute(
@@ -172,9 +173,11 @@ class Inbox:
                     self._owner,
                 ),
             )
-        # An existing row means the message was journaled before the dedup id
-        # expired: still a duplicate.
-        return inserted == 1
+            # An existing row means the message was journaled before the dedup id
+            # expired: still a duplicate.
+            return inserted == 1
+
+        return await self._store.run(body)
 
     async def mark_done_in(
         self, tx: Transaction, message_id: str, error: str | None = None

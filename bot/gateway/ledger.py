@@ -13,6 +13,13 @@ States: ``pending`` -> ``attempting`` -> ``delivered``; ``attempting`` ->
 ``failed`` (retry later) or ``abandoned`` (given up, reason logged).
 ``abandoned`` is terminal except for the operator's ``retry``.
 
+Delivered marks are group-committed: ``mark_delivered`` buffers the mark and
+one flusher writes every mark buffered meanwhile in one transaction, the next
+one starting as soon as the last committed (no timer). ``flush()`` writes what
+is buffered; the sent-id lookups, sweeps, due retries, operator queries and
+``Gateway.stop`` call it first, so this process always reads its own sends. A
+crash before the commit leaves the rows ``attempting``: resent with the marker.
+
 The ledger is best effort around the send: a storage failure in ``mark_*`` is
 logged and never blocks a reply. Only ``record_in`` (and its wrapper
 ``record_obligation_in``) raises, because it is part of the turn's transaction.

@@ -1,7 +1,8 @@
 """The operator's view of the ledger: read obligations, count them, re-queue or give one up.
 
 Used by ``chatflow ledger`` (``bot.cli``) and by tests; the gateway never calls
-these, so they raise ``StorageError`` instead of being best effort.
+these, so they raise ``StorageError`` instead of being best effort. Each one
+flushes the buffered delivered marks first, so it sees every send made so far.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class LedgerAdmin(LedgerBase):
 
     async def get(self, obligation_id: str) -> Obligation | None:
         """One obligation as stored (``needs_marker`` mirrors ``maybe_delivered``)."""
+        await self.flush()
         async with self._tx() as tx:
             rows = await tx.fetchall(
                 f"SELECT {COLUMNS} FROM {TABLE} WHERE obligation_id = ?", (obligation_id,)
@@ -39,6 +41,7 @@ class LedgerAdmin(LedgerBase):
 
     async def status(self) -> dict[str, int]:
         """Number of obligations per state (every state present, zero included)."""
+        await self.flush()
         counts: dict[str, int] = dict.fromkeys(STATES, 0)
         async with self._tx() as tx:
             rows = await tx.fetchall(f"SELECT state, COUNT(*) FROM {TABLE} GROUP BY state", ())
@@ -58,6 +61,7 @@ class LedgerAdmin(LedgerBase):
             sql += " WHERE state = ?"
             params = (state,)
         sql += " ORDER BY created_at DESC, obligation_id LIMIT ?"
+        await self.flush()
         async with self._tx() as tx:
             rows = await tx.fetchall(sql, (*params, max(int(limit), 0)))
         return [decode_row(r).obligation for r in rows]
@@ -70,6 +74,7 @@ class LedgerAdmin(LedgerBase):
         (with the marker if an earlier attempt may have arrived). Returns
         whether the row was re-queued.
         """
+        await self.flush()
         now = self._now()
         async with self._tx() as tx:
             changed = await tx.execute(
@@ -84,6 +89,7 @@ class LedgerAdmin(LedgerBase):
 
     async def abandon(self, obligation_id: str, reason: str) -> bool:
         """Operator: give up an undelivered row with ``reason``. Returns whether it changed."""
+        await self.flush()  # a reply sent meanwhile is delivered, not abandoned
         now = self._now()
         async with self._tx() as tx:
             changed = await tx.execute(

@@ -5,17 +5,21 @@ so a committed turn always owes its reply. The send is then bracketed by
 ``mark_attempting`` (unless the row was recorded ``claimed``) and
 ``mark_delivered`` or ``mark_failed``. These marks are best effort: a storage
 failure is logged and never blocks a reply, and an outcome it kept out is held
-in memory until ``record_unrecorded`` writes it. Later status reports of the
-platform find their obligation through the sent message ids.
+in memory until ``record_unrecorded`` writes it. Delivered marks are
+group-committed (one transaction for all marks buffered meanwhile); every read
+of sent ids or states flushes them first. Later status reports of the platform
+find their obligation through the sent message ids.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
+from typing import Final
 
 from bot.core.memory import Transaction
-from bot.gateway.ledger_base import STORAGE_ERRORS, LedgerBase, logger
+from bot.gateway.ledger_base import STORAGE_ERRORS, DeliveredMark, LedgerBase, logger
 from bot.gateway.obligations import (
     MAX_ATTEMPTS,
     RETRY_BACKOFF,
@@ -26,6 +30,9 @@ from bot.gateway.obligations import (
 )
 
 __all__ = ["SendMarks"]
+
+_LOOKUP_CHUNK: Final = 500
+"""Ids per ``IN (...)`` lookup: under SQLite's smallest limit on bound parameters."""
 
 
 class SendMarks(LedgerBase):
@@ -205,40 +212,71 @@ class SendMarks(LedgerBase):
         )
         return False
 
-    async def mark_delivered(self, obligation_id: str, message_ids: Sequence[str] = ()) -> bool:
+    async def mark_delivered(
+        self,
+        obligation_id: str,
+        message_ids: Sequence[str] = (),
+        *,
+        platform: str | None = None,
+        wait: bool = True,
+    ) -> bool:
         """Record a successful send and the platform ids of its parts; best effort.
 
-        Returns whether the row was updated (``False`` for a missing row or a
-        storage failure, which is logged).
+        The mark is group-committed: it joins the next transaction of delivered
+        marks, which writes every mark buffered meanwhile. ``platform`` (the
+        obligation's) spares the row lookup. With ``wait`` it returns once
+        committed, whether the row was updated (``False`` for a missing row or a
+        storage failure, which is logged and retried by ``record_unrecorded``);
+        without it returns ``True`` at once, and a crash before the commit leaves
+        the row ``attempting``: resent with the marker.
+        """
+        ids = [str(m) for m in message_ids]
+        mark = DeliveredMark(obligation_id, ids, platform, check=wait or platform is None)
+        round_ = self._queue_delivered(mark)
+        if not wait:
+            return True
+        await asyncio.shield(round_.done)
+        return obligation_id in round_.written
+
+    async def _write_delivered(self, marks: Sequence[DeliveredMark]) -> set[str]:
+        """Write ``marks`` in one transaction: one statement for the states, one for the ids.
+
+        Only marks with ``check`` are looked up (one query per chunk); the rest
+        come from ``Outbox.send`` for a row it holds, so they are written blind.
         """
         now = self._now()
-        ids = [str(m) for m in message_ids]
-        try:
-            async with self._tx() as tx:
+        async with self._tx() as tx:
+            known: dict[str, str] = {}
+            asked = [m.obligation_id for m in marks if m.check]
+            for start in range(0, len(asked), _LOOKUP_CHUNK):
+                chunk = asked[start : start + _LOOKUP_CHUNK]
                 rows = await tx.fetchall(
-                    f"SELECT platform FROM {TABLE} WHERE obligation_id = ?", (obligation_id,)
+                    f"SELECT obligation_id, platform FROM {TABLE} "
+                    f"WHERE obligation_id IN ({', '.join('?' * len(chunk))})",
+                    chunk,
                 )
-                if not rows:
-                    logger.warning("delivered obligation %s is not in the ledger", obligation_id)
-                    return False
-                platform = str(rows[0][0])
-                await tx.execute(
+                known.update((str(r[0]), str(r[1])) for r in rows)
+            written: list[tuple[DeliveredMark, str]] = []
+            for m in marks:
+                if m.check and m.obligation_id not in known:
+                    logger.warning("delivered obligation %s is not in the ledger", m.obligation_id)
+                    continue
+                platform = m.platform if m.platform is not None else known[m.obligation_id]
+                written.append((m, platform))
+            if written:
+                await tx.executemany(
                     f"UPDATE {TABLE} SET state = 'delivered', sent_ids = ?, "
                     "next_attempt_at = NULL, updated_at = ? WHERE obligation_id = ?",
-                    (json.dumps(ids), now, obligation_id),
+                    [(json.dumps(m.message_ids), now, m.obligation_id) for m, _ in written],
                 )
-                if ids:
-                    await tx.executemany(
-                        f"INSERT INTO {SENT_TABLE} (platform, message_id, obligation_id) "
-                        "VALUES (?, ?, ?) ON CONFLICT(platform, message_id) DO NOTHING",
-                        [(platform, m, obligation_id) for m in ids],
-                    )
-        except STORAGE_ERRORS as exc:
-            self._log_storage_failure("mark delivered", obligation_id, exc)
-            self._unrecorded[obligation_id] = lambda: self.mark_delivered(obligation_id, ids)
-            return False
-        self._unrecorded.pop(obligation_id, None)
-        return True
+            sent = [(p, i, m.obligation_id) for m, p in written for i in m.message_ids]
+            if sent:
+                await tx.executemany(
+                    f"INSERT INTO {SENT_TABLE} (platform, message_id, obligation_id) "
+                    "VALUES (?, ?, ?) ON CONFLICT(platform, message_id) DO NOTHING",
+                    sent,
+                )
+        return {m.obligation_id for m, _ in written}
 
     async def mark_failed(
         self,
@@ -261,6 +299,8 @@ class SendMarks(LedgerBase):
         good, so any resend carries the marker. Returns whether the row was
         updated; a delivered or abandoned row is left as it is.
         """
+        if self._buffered(obligation_id):
+            await self.flush()  # a delivered mark still buffered decides first, as written
         now = self._now()
         error = clip_error(error)
         try:
@@ -332,11 +372,15 @@ class SendMarks(LedgerBase):
         return len(self._unrecorded)
 
     async def record_unrecorded(self) -> int:
-        """Write the send outcomes a storage failure kept out; returns how many still wait."""
+        """Write the send outcomes a storage failure kept out; returns how many still wait.
+
+        Delivered marks go back into the buffer and are committed together.
+        """
         for obligation_id, write in list(self._unrecorded.items()):
             if self._unrecorded.get(obligation_id) is write:
                 del self._unrecorded[obligation_id]
                 await write()  # on failure it puts itself back
+        await self.flush()
         return len(self._unrecorded)
 
     # -- platform status reports ------------------------------------------------------
@@ -348,7 +392,9 @@ class SendMarks(LedgerBase):
 
         ``platform`` narrows the lookup (Telegram message ids are only unique
         per chat). Best effort: ``None`` when unknown or on a storage failure.
+        Buffered delivered marks are committed first, so a just-sent id is found.
         """
+        await self.flush()
         sql = f"SELECT obligation_id FROM {SENT_TABLE} WHERE message_id = ?"
         params: tuple[str, ...] = (platform_message_id,)
         if platform is not None:

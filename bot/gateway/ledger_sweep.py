@@ -45,6 +45,7 @@ class Recovery(LedgerBase):
         attempt may have arrived. Rows past ``STALE_AFTER`` or out of attempts
         are abandoned instead. A storage failure is logged and returns ``[]``.
         """
+        await self.flush()  # claims read states: let the buffered delivered marks land first
         moment = self._now(now)
         me = self._owner
         try:
@@ -92,6 +93,7 @@ class Recovery(LedgerBase):
         afterwards to pick up rows the operator re-queued. A storage failure is
         logged and returns what was claimed so far.
         """
+        await self.flush()  # claims read states: let the buffered delivered marks land first
         moment = self._now(now)
         alive: dict[Owner, bool] = {}
         claimed: list[Obligation] = []

@@ -106,7 +106,14 @@ class Outbox:
             )
             return
         self.metrics.replies_delivered.labels(obligation.platform).inc()
-        await self.ledger.mark_delivered(obligation.obligation_id, result.message_ids)
+        # Not awaited to the commit: the mark joins the next group commit and the lane
+        # moves on; a crash before it lands resends with the marker.
+        await self.ledger.mark_delivered(
+            obligation.obligation_id,
+            result.message_ids,
+            platform=obligation.platform,
+            wait=False,
+        )
 
     async def retry_due(self, *, sweep: bool = False) -> int:
         """Send the failed replies whose retry is due (and, with ``sweep``, adopt

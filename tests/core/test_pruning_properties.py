@@ -7,12 +7,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.core.agent import Agent
 from bot.core.memory import BaseSessionStore, SessionContext, SessionStore
 from bot.core.messages import Message, Role, ToolCall
+from bot.core.session import _Entry
 from bot.core.sqlite_store import SQLiteSessionStore
 
 AGENTS = [Agent(name=name, instructions=name) for name in ("Triage", "Billing", "Support")]
@@ -55,7 +57,7 @@ def make_message(op: tuple[str, Any]) -> Message:
         return Message(role=Role.MODEL, content=arg, agent="Triage")
     if kind == "call":
         return Message(role=Role.MODEL, tool_calls=[ToolCall(id=c, name="t") for c in arg])
-    if kind == "tool":
+    if kind == "tool":  # "orphan" answers a call no MODEL message ever made
         return Message(role=Role.TOOL, tool_call_id=arg, content="ok", name="t")
     return Message(role=Role.SYSTEM, content=arg)
 
@@ -223,3 +225,192 @@ async def _both(ops: list[tuple[str, Any]], max_turns: int) -> None:
 @given(ops=persist_ops, max_turns=st.integers(1, 3))
 def test_save_load_round_trip(ops: list[tuple[str, Any]], max_turns: int) -> None:
     asyncio.run(_both(ops, max_turns))
+
+
+# -- the incremental prune against the full pass -------------------------------------------
+
+
+class FullPruneSession(SessionContext):
+    """The reference path: every append runs the full O(window) ``prune_history``."""
+
+    def add_message(self, message: Message) -> None:
+        entry = _Entry(self._next_seq, message)
+        self._next_seq += 1
+        self._prune_entries([*self._entries, entry])
+
+
+def index_state(session: SessionContext) -> tuple[object, ...]:
+    """The history with its seqs, plus the incremental prune's indices."""
+    if not session._indexed:  # after a rollback: the next append would rebuild them
+        history = session._entries
+        session.prune_history()
+        assert session._entries == history
+    return (
+        session._entries,
+        list(session._users),
+        {call_id: list(seqs) for call_id, seqs in session._calls.items()},
+        {call_id: list(seqs) for call_id, seqs in session._tools.items()},
+    )
+
+
+def from_scratch(added: Sequence[Message], max_turns: int) -> SessionContext:
+    """``prune_history()`` applied once to everything added (seqs as the appends gave them)."""
+    return SessionContext._restore(
+        "prop", AGENTS[0], max_turns, {}, enumerate(added), (), "scratch"
+    )
+
+
+# Few ids make repeats across turns (and orphans of a dropped turn's calls) common;
+# test_pruning_invariants above covers six ids.
+ID_POOLS = [["c0"], ["c0", "c1"]]
+ID_POOL_IDS = ["one-id", "two-ids"]
+
+
+APPEND_KINDS = frozenset({"user", "model", "call", "tool", "system"})
+
+
+def append_ops(ids: list[str]) -> st.SearchStrategy[tuple[str, Any]]:
+    return st.one_of(
+        st.tuples(st.just("user"), texts),
+        st.tuples(st.just("model"), texts),
+        st.tuples(st.just("call"), st.lists(st.sampled_from(ids), min_size=1, max_size=3)),
+        st.tuples(st.just("tool"), st.sampled_from([*ids, None, "orphan"])),
+        st.tuples(st.just("tool"), st.sampled_from(ids)),
+        st.tuples(st.just("system"), texts),
+    )
+
+
+def appends(ids: list[str], max_turns: int = 12) -> st.SearchStrategy[list[tuple[str, Any]]]:
+    """Messages shaped as turns (a USER message, then calls, results and answers)."""
+    inside = st.lists(append_ops(ids), max_size=5)
+    turn = st.tuples(st.tuples(st.just("user"), texts), inside)
+    return st.tuples(inside, st.lists(turn, max_size=max_turns)).map(
+        lambda drawn: drawn[0] + [op for user, rest in drawn[1] for op in [user, *rest]]
+    )
+
+
+@pytest.mark.parametrize("ids", ID_POOLS, ids=ID_POOL_IDS)
+@settings(max_examples=40)
+@given(data=st.data(), max_turns=st.integers(1, 6))
+def test_incremental_prune_equals_the_full_prune(
+    ids: list[str], data: st.DataObject, max_turns: int
+) -> None:
+    ops = data.draw(appends(ids), label="ops")
+    session = SessionContext("prop", AGENTS[0], max_turns=max_turns)
+    added: list[Message] = []
+    for op in ops:
+        added.append(make_message(op))
+        session.add_message(added[-1])
+        assert index_state(session) == index_state(from_scratch(added, max_turns))
+        assert session.history == reference_prune(added, max_turns)
+    # The full pass over the incrementally pruned history changes nothing.
+    before = index_state(session)
+    session.prune_history()
+    assert index_state(session) == before
+
+
+def _step(
+    session: SessionContext, op: tuple[str, Any], tokens: list[Any], message: Message | None
+) -> None:
+    kind, arg = op
+    if message is not None:
+        session.add_message(message)
+    elif kind == "checkpoint":
+        tokens.append(session.checkpoint())
+    elif kind == "rollback":
+        if tokens:
+            session.rollback_to(tokens[arg % len(tokens)])
+    elif kind == "save":
+        # What a store does on a committed save: write the difference, then mark it.
+        session._mark_saved(session._pending_changes(), "inc-1")
+    elif kind == "prune":
+        session.prune_history()
+    else:
+        apply(session, op)
+
+
+# A round is what the Runner does with a turn: checkpoint, append, then commit (save),
+# roll back (to this checkpoint or an older one), or neither; stray ops sit between.
+ROUND_ENDS: dict[str, list[tuple[str, Any]]] = {
+    "save": [("save", None)],
+    "rollback": [("rollback", -1)],
+    "rollback-oldest": [("rollback", 0)],
+    "prune": [("prune", None)],
+    "keep": [],
+}
+
+
+def turn_rounds(ids: list[str]) -> st.SearchStrategy[list[tuple[str, Any]]]:
+    def build(
+        state: list[tuple[str, Any]], messages: list[tuple[str, Any]], end: str
+    ) -> list[tuple[str, Any]]:
+        return [("checkpoint", None), *state, *messages, *ROUND_ENDS[end]]
+
+    return st.builds(
+        build, st.lists(state_ops, max_size=2), appends(ids, 2), st.sampled_from(sorted(ROUND_ENDS))
+    )
+
+
+def flatten(rounds: list[list[tuple[str, Any]]]) -> list[tuple[str, Any]]:
+    return [op for ops in rounds for op in ops]
+
+
+@pytest.mark.parametrize("ids", ID_POOLS, ids=ID_POOL_IDS)
+@settings(max_examples=30)
+@given(data=st.data(), max_turns=st.integers(1, 4))
+def test_checkpoints_rollbacks_and_saves_match_the_full_path(
+    ids: list[str], data: st.DataObject, max_turns: int
+) -> None:
+    ops = data.draw(st.lists(turn_rounds(ids), max_size=8).map(flatten), label="ops")
+    incremental = SessionContext("prop", AGENTS[0], max_turns=max_turns)
+    full = FullPruneSession("prop", AGENTS[0], max_turns=max_turns)
+    inc_tokens: list[Any] = []
+    full_tokens: list[Any] = []
+    for op in ops:
+        message = make_message(op) if op[0] in APPEND_KINDS else None
+        _step(incremental, op, inc_tokens, message)
+        _step(full, op, full_tokens, message)
+        # Same messages under the same seqs, so the store's O(changes) save is the same.
+        assert index_state(incremental) == index_state(full)
+        # The indices are those of the history they index, not of an earlier state.
+        rebuilt = SessionContext._restore(
+            "prop", AGENTS[0], max_turns, {}, incremental._entries, (), "rebuilt"
+        )
+        assert index_state(incremental) == index_state(rebuilt)
+        assert incremental._pending_changes() == full._pending_changes()
+        assert incremental._persisted_seqs == full._persisted_seqs
+        assert incremental.metadata == full.metadata
+        assert incremental.active_agent is full.active_agent
+        check_invariants(incremental.history, max_turns)
+
+
+stored_rows = st.lists(
+    st.tuples(st.integers(0, 40), append_ops(["c0", "c1"])),
+    max_size=30,
+    unique_by=lambda row: row[0],
+)
+
+
+@settings(max_examples=40)
+@given(
+    rows=stored_rows,
+    then=appends(["c0", "c1"], 4),
+    max_turns=st.integers(1, 4),
+)
+def test_restored_foreign_rows_then_appends_match_the_full_path(
+    rows: list[tuple[int, tuple[str, Any]]], then: list[tuple[str, Any]], max_turns: int
+) -> None:
+    # Rows in any seq order, pruned for another max_turns or not at all.
+    entries = [(seq, make_message(op)) for seq, op in rows]
+    persisted = [seq for seq, _ in entries]
+    incremental = SessionContext._restore(
+        "prop", AGENTS[0], max_turns, {}, entries, persisted, "inc-1"
+    )
+    full = FullPruneSession._restore("prop", AGENTS[0], max_turns, {}, entries, persisted, "inc-1")
+    assert index_state(incremental) == index_state(full)
+    for op in then:
+        message = make_message(op)
+        incremental.add_message(message)
+        full.add_message(message)
+        assert index_state(incremental) == index_state(full)
+        assert incremental._pending_changes() == full._pending_changes()

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -629,11 +630,14 @@ async def test_cancellation_during_the_commit_keeps_the_committed_turn(
     triage, _ = make_agents()
     async with sqlite_store.transaction() as tx:
         await tx.execute("CREATE TABLE outbox (content TEXT)")
-    entered, release = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    entered, release = asyncio.Event(), threading.Event()
 
     async def on_commit(result: RunResult, tx: Any) -> None:
-        entered.set()
-        await release.wait()
+        # Runs on the store's database thread (a hook never suspends): it is held
+        # there, inside the commit's transaction, while the caller is cancelled.
+        loop.call_soon_threadsafe(entered.set)
+        release.wait(5)
         await tx.execute("INSERT INTO outbox VALUES (?)", (result.content,))
 
     model = ScriptedModel([ScriptedModel.reply("committed"), ScriptedModel.reply("next")])

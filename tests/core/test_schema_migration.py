@@ -127,6 +127,25 @@ def sqlite_layout(path: Path) -> dict[str, list[tuple[object, ...]]]:
     return layout
 
 
+# What migration 2 adds to the old layout: the sessions' version column (and triggers).
+SQLITE_VERSION_COLUMN = ("version", "INTEGER", 1, "0", 0)
+POSTGRES_VERSION_COLUMN = ("chatflow_sessions", "version", "bigint", "NO", "0", "NO", None)
+
+
+def with_sqlite_version(
+    layout: dict[str, list[tuple[object, ...]]],
+) -> dict[str, list[tuple[object, ...]]]:
+    return {**layout, "chatflow_sessions": [*layout["chatflow_sessions"], SQLITE_VERSION_COLUMN]}
+
+
+def with_postgres_version(
+    layout: tuple[list[tuple[object, ...]], list[tuple[object, ...]]],
+) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    columns, indexes = layout
+    last = max(i for i, column in enumerate(columns) if column[0] == "chatflow_sessions")
+    return [*columns[: last + 1], POSTGRES_VERSION_COLUMN, *columns[last + 1 :]], indexes
+
+
 def sqlite_scalar(path: Path, sql: str) -> object:
     with sqlite3.connect(path) as conn:
         row = conn.execute(sql).fetchone()
@@ -159,8 +178,9 @@ async def test_an_old_sqlite_file_opens_and_keeps_its_rows(
 
     expected = {("session_store", SCHEMA_VERSION)} | ({("inbox", 2)} if gateway_tables else set())
     assert set(versions) == expected
-    # Migration 1 only filled in what the old layout lacked: the updated_at index.
-    assert await asyncio.to_thread(sqlite_layout, path) == layout_before
+    # Migration 1 only filled in what the old layout lacked (the updated_at index);
+    # migration 2 added the version column.
+    assert await asyncio.to_thread(sqlite_layout, path) == with_sqlite_version(layout_before)
     index = "SELECT name FROM sqlite_master WHERE name = 'chatflow_sessions_updated_at'"
     assert await asyncio.to_thread(sqlite_scalar, path, index) == "chatflow_sessions_updated_at"
 
@@ -175,8 +195,8 @@ async def test_new_sqlite_tables_match_the_old_layout(tmp_path: Path, agent: Age
     await asyncio.to_thread(write_old_sqlite, old, gateway_tables=False)
     async with SQLiteSessionStore(new) as store:
         await store.get_or_create("s", agent)
-    assert await asyncio.to_thread(sqlite_layout, new) == await asyncio.to_thread(
-        sqlite_layout, old
+    assert await asyncio.to_thread(sqlite_layout, new) == with_sqlite_version(
+        await asyncio.to_thread(sqlite_layout, old)
     )
 
 
@@ -263,7 +283,7 @@ async def test_an_old_postgres_schema_opens_and_keeps_its_rows(pg_dsn: str) -> N
         await store.save(loaded)
         reloaded = await store.get("s")
         assert reloaded is not None and len(reloaded.history) == 3
-    assert await postgres_layout(pg_dsn) == before
+    assert await postgres_layout(pg_dsn) == with_postgres_version(before)
 
 
 async def test_new_postgres_tables_match_the_old_layout(pg_dsn: str, agent: Agent) -> None:
@@ -272,4 +292,46 @@ async def test_new_postgres_tables_match_the_old_layout(pg_dsn: str, agent: Agen
         async with PostgresSessionStore(new_dsn) as store:
             await store.get_or_create("s", agent)
         new_layout = await postgres_layout(new_dsn)
-    assert new_layout == await postgres_layout(pg_dsn)
+    assert new_layout == with_postgres_version(await postgres_layout(pg_dsn))
+
+
+# -- migration 2: the session version ----------------------------------------------------
+
+
+async def test_migration_2_versions_old_rows_and_bumps_on_message_edits(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    await asyncio.to_thread(write_old_sqlite, path, gateway_tables=False)
+    async with SQLiteSessionStore(path) as store:
+        await store.open()
+    version_sql = "SELECT version FROM chatflow_sessions WHERE session_id = 's'"
+    assert await asyncio.to_thread(sqlite_scalar, path, version_sql) == 0
+
+    def hand_edits() -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE chatflow_messages SET role = role WHERE seq = 3")
+            # Inserts, deletes and session-row edits leave it (the caches compare those).
+            conn.execute("UPDATE chatflow_sessions SET metadata_json = '{}'")
+            conn.execute("DELETE FROM chatflow_messages WHERE seq = 4")
+            conn.execute(_INSERT_MESSAGE, ("s", 5, "user", "{}", STAMP))
+        conn.close()
+
+    await asyncio.to_thread(hand_edits)
+    assert await asyncio.to_thread(sqlite_scalar, path, version_sql) == 1
+
+
+async def test_migration_2_on_postgres_versions_rows_and_bumps_on_message_edits(
+    pg_dsn: str,
+) -> None:
+    await write_old_postgres(pg_dsn)
+    async with PostgresSessionStore(pg_dsn) as store:
+        await store.open()
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        version_sql = "SELECT version FROM chatflow_sessions WHERE session_id = 's'"
+        assert await conn.fetchval(version_sql) == 0
+        await conn.execute("UPDATE chatflow_messages SET role = role WHERE seq = 3")
+        await conn.execute("UPDATE chatflow_sessions SET metadata_json = '{}'")
+        await conn.execute("DELETE FROM chatflow_messages WHERE seq = 4")
+        assert await conn.fetchval(version_sql) == 1
+    finally:
+        await conn.close()

@@ -247,7 +247,7 @@ async def test_save_touches_only_changed_rows(tmp_path: Path, agent: Agent) -> N
         session.add_message(reply("short answer"))  # nothing pruned
         await store.save(session)
         assert conn.total_changes - before == 2
-        await conn.set_trace_callback(None)  # type: ignore[arg-type]
+        await conn.set_trace_callback(None)
 
     async with SQLiteSessionStore(tmp_path / "big.db", default_max_turns=500) as store:
         loaded = await store.get_or_create("s", agent)
@@ -392,7 +392,7 @@ async def test_cancelled_commit_still_updates_the_session(
     at_commit = asyncio.Event()
     proceed = threading.Event()
 
-    def trace(sql: str) -> None:  # runs on aiosqlite's thread
+    def trace(sql: str) -> None:  # runs on the store's database thread
         if sql.strip().upper() == "COMMIT" and not proceed.is_set():
             loop.call_soon_threadsafe(at_commit.set)
             proceed.wait(5)
@@ -408,7 +408,7 @@ async def test_cancelled_commit_still_updates_the_session(
         proceed.set()
     with pytest.raises(asyncio.CancelledError):
         await saving
-    await conn.set_trace_callback(None)  # type: ignore[arg-type]
+    await conn.set_trace_callback(None)
 
     # The commit went through and the context knows it: the next save adds only "a".
     session.add_message(reply("a"))

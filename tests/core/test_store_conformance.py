@@ -7,7 +7,13 @@ import asyncio
 import pytest
 
 from bot.core.agent import Agent
-from bot.core.memory import BaseSessionStore, SessionContext, SessionDeletedError
+from bot.core.memory import (
+    BaseSessionStore,
+    SessionContext,
+    SessionDeletedError,
+    Transaction,
+    TransactionalStore,
+)
 from bot.core.messages import Message, Role
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import StorageError
@@ -322,3 +328,47 @@ async def test_seed_check_then_mark_pair(store: BaseSessionStore) -> None:
 async def test_empty_message_id_is_refused(store: BaseSessionStore) -> None:
     with pytest.raises(ValueError):
         await store.claim_message("")
+
+
+# -- run(): one transaction in one call (the SQL stores) ---------------------------------
+
+
+def sql_store(store: BaseSessionStore) -> TransactionalStore:
+    if not isinstance(store, TransactionalStore):
+        pytest.skip("the in-memory store runs no SQL")
+    return store
+
+
+async def test_run_commits_the_body_and_then_calls_on_commit(store: BaseSessionStore) -> None:
+    sql = sql_store(store)
+    committed: list[bool] = []
+
+    async def body(tx: Transaction) -> bool:
+        return await sql.claim_in(tx, "m-run")
+
+    assert await sql.run(body, on_commit=lambda: committed.append(True)) is True
+    assert committed == [True]
+    assert not await sql.claim_message("m-run")
+
+
+async def test_run_rolls_back_a_failing_body(store: BaseSessionStore) -> None:
+    sql = sql_store(store)
+    committed: list[bool] = []
+
+    async def body(tx: Transaction) -> None:
+        assert await sql.claim_in(tx, "m-run")
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        await sql.run(body, on_commit=lambda: committed.append(True))
+    assert committed == []
+    assert await sql.claim_message("m-run")
+
+
+async def test_run_read_only_body(store: BaseSessionStore) -> None:
+    sql = sql_store(store)
+
+    async def body(tx: Transaction) -> tuple[object, ...] | None:
+        return await tx.fetchone("SELECT 1 + 1")
+
+    assert await sql.run(body, write=False) == (2,)

@@ -9,7 +9,9 @@ point the first time it gets there:
 - ``after_accept``: inside the model call, after tx 1, before tx 2;
 - ``after_commit``: after tx 2 (the obligation written already claimed), before the send;
 - ``during_send``: after the message reached the "platform", before send returns;
-- ``after_send``: after send returned, before ``mark_delivered``.
+- ``after_send``: after send returned, before ``mark_delivered``;
+- ``before_group_commit``: every reply sent and its delivered mark buffered,
+  before the group commit that would write them.
 
 Without ``KILL_AT`` it runs until every inbound message has its reply recorded
 as delivered, then exits 0.
@@ -37,6 +39,7 @@ from bot.core.sqlite_store import SQLiteSessionStore
 from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
+from bot.gateway.ledger_base import DeliveredMark
 
 
 def die() -> None:
@@ -70,6 +73,9 @@ class FileAdapter(PlatformAdapter):
         self.kill_before_send = kill_at == "after_commit"
         self.kill_during_send = kill_at == "during_send"
         self._connected = False
+        self.expected = len((root / "inbound.jsonl").read_text().splitlines())
+        self.sends = 0
+        self.all_sent = asyncio.Event()
 
     @property
     def is_connected(self) -> bool:
@@ -108,6 +114,9 @@ class FileAdapter(PlatformAdapter):
             os.fsync(f.fileno())
         if self.kill_during_send:
             die()
+        self.sends += 1
+        if self.sends >= self.expected:
+            self.all_sent.set()
         return SendResult(message_ids=[reply_to or "x"])
 
     async def indicate_typing(self, event: MessageEvent) -> None:
@@ -134,10 +143,19 @@ async def main(root: Path, kill_at: str | None) -> None:
             return False
 
         gateway.ledger.mark_delivered = kill_delivered  # type: ignore[method-assign]
+    if kill_at == "before_group_commit":
+
+        async def kill_before_commit(marks: Sequence[DeliveredMark]) -> set[str]:
+            # Hold the first commit until every reply left, so all their marks are buffered.
+            await adapter.all_sent.wait()
+            die()
+            return set()
+
+        gateway.ledger._write_delivered = kill_before_commit  # type: ignore[method-assign]
     await gateway.start()
     await gateway.wait_ready()
     await adapter.offer_all()
-    expected = len((root / "inbound.jsonl").read_text().splitlines())
+    expected = adapter.expected
     while True:
         await gateway._dispatcher.drain(30)
         status = await gateway.ledger.status()

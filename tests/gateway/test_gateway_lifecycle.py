@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+import sqlite3
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from bot.gateway import gateway as gateway_module
 from bot.gateway.gateway import Gateway, Replies
 from bot.gateway.keys import session_id_for
 from bot.gateway.ledger import RECOVERED_MARKER, DeliveryLedger, Obligation, Owner
+from bot.gateway.ledger_base import DeliveredMark
 from bot.platforms.base import SendResult
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.gateway.conftest import SECRET, Rig
@@ -359,3 +362,29 @@ async def test_tx1_failures_during_an_outage_never_drop_the_message(
     for _ in range(gateway_module.MAX_ACCEPT_FAILURES * 2):
         with pytest.raises(StorageError):
             await rig.adapter.deliver(event)
+
+
+async def test_stop_commits_the_buffered_delivered_marks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.db"
+    store = SQLiteSessionStore(str(path))
+    adapter = FakeAdapter()
+    gateway = _gateway(store, adapter, ScriptedModel([ScriptedModel.reply("Done.")]))
+    await gateway.start()
+    await gateway.wait_ready()
+    real = gateway.ledger._write_delivered
+
+    async def held(marks: Sequence[DeliveredMark]) -> set[str]:
+        await gateway._stopping.wait()  # the group commit lands only once stop() began
+        return await real(marks)
+
+    monkeypatch.setattr(gateway.ledger, "_write_delivered", held)
+    await adapter.deliver(make_event("done?"))
+    await adapter.wait_for_sent(1)
+    await gateway.stop(grace=5)
+    # Read at once, on another connection: no loop turn in between for a late flusher.
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT state FROM chatflow_delivery_obligations").fetchall()
+    await store.close()
+    assert rows == [("delivered",)]

@@ -53,3 +53,23 @@ async def test_kill_point(tmp_path: Path, kill_at: str, marked_copy: bool) -> No
         assert all(c == RECOVERED_MARKER + answer for c in marked)
     # the message the process died on was resent with the marker exactly when it may have arrived
     assert any(s["text"].startswith(RECOVERED_MARKER) for s in sent) is marked_copy
+
+
+async def test_a_kill_before_the_group_commit_resends_each_buffered_reply_once_marked(
+    tmp_path: Path,
+) -> None:
+    inbound = [{"id": f"m{n}", "chat": f"c{n % 3}", "text": f"hello {n}"} for n in range(6)]
+    (tmp_path / "inbound.jsonl").write_text("".join(json.dumps(i) + "\n" for i in inbound))
+
+    assert await _run(tmp_path, "before_group_commit") == -signal.SIGKILL
+    first = (tmp_path / "sent.jsonl").read_text().splitlines()
+    # Every reply left before the kill, so all six delivered marks were buffered.
+    assert len(first) == len(inbound)
+    assert not any(json.loads(s)["text"].startswith(RECOVERED_MARKER) for s in first)
+    assert await _run(tmp_path, None) == 0
+
+    sent = [json.loads(line)["text"] for line in (tmp_path / "sent.jsonl").read_text().splitlines()]
+    for item in inbound:
+        answer = f"echo: {item['text']}"
+        assert [s for s in sent if s.endswith(answer)] == [answer, RECOVERED_MARKER + answer]
+    assert len(sent) == 2 * len(inbound)

@@ -102,7 +102,7 @@ async def test_every_component_migrates_once_when_five_processes_start_together(
     finally:
         await conn.close()
     assert {str(r[0]): r[1] for r in rows} == {
-        "session_store": 1,
+        "session_store": 2,
         "inbox": 2,
         "delivery_ledger": 1,
         "chat_aliases": 1,
