@@ -333,12 +333,7 @@ class SQLiteSessionStore(SQLSessionStore):
         and is rolled back. A cancelled caller still waits for the outcome.
         """
         self._check_reentry()
-        writer = self._conn
-        if writer is None:
-            await self.open()
-            writer = self._conn
-            if writer is None:
-                raise StorageError("the session store is closed")
+        writer = await self._writer()
         outcome: asyncio.Future[_T] = writer.submit(body, write)
         self._in_flight += 1
         try:
@@ -397,14 +392,17 @@ class SQLiteSessionStore(SQLSessionStore):
     def _is_unique_violation(self, exc: BaseException | None) -> bool:
         return isinstance(exc, sqlite3.IntegrityError)
 
+    async def _writer(self) -> SQLiteWriter:
+        """The database thread, opened on first use; ``StorageError`` once closed."""
+        if self._conn is None:
+            await self.open()
+            if self._conn is None:
+                raise StorageError("the session store is closed")
+        return self._conn
+
     async def _read_version(self, session_id: str) -> tuple[Any, ...] | None:
         self._check_reentry()
-        writer = self._conn
-        if writer is None:
-            await self.open()
-            writer = self._conn
-            if writer is None:
-                raise StorageError("the session store is closed")
+        writer = await self._writer()
         if self._in_flight:
             # Bodies are on their way: a read body joins their batch (and its one
             # COMMIT), where a call outside any transaction would split the batch.
