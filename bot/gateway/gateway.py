@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -178,7 +179,7 @@ class Gateway:
         return True
 
     async def _keep_starting(self, adapter: PlatformAdapter) -> None:
-        for attempt in range(1_000_000):
+        for attempt in itertools.count():
             delay = ADAPTER_START_BACKOFF[min(attempt, len(ADAPTER_START_BACKOFF) - 1)]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Unpack
 
 from bot.core.memory import Transaction
 from bot.gateway.ledger_base import STORAGE_ERRORS, DeliveredMark, LedgerBase, logger
@@ -26,6 +26,7 @@ from bot.gateway.obligations import (
     SENT_TABLE,
     TABLE,
     Obligation,
+    OwedFields,
     clip_error,
 )
 
@@ -61,7 +62,8 @@ class SendMarks(LedgerBase):
         now = self._now()
         me = self._owner
         o = obligation
-        state, attempts = ("attempting", 1) if claimed else ("pending", 0)
+        if claimed:
+            o = o.claimed()
         inserted = await tx.execute(
             f"INSERT INTO {TABLE} (obligation_id, session_key, session_id, platform, chat_id, "
             "thread_id, reply_to, message_ref, content, state, attempts, maybe_delivered, "
@@ -79,8 +81,8 @@ class SendMarks(LedgerBase):
                 o.reply_to,
                 o.message_ref,
                 o.content,
-                state,
-                attempts,
+                o.state,
+                o.attempts,
                 me.pid,
                 me.instance_id,
                 me.started,
@@ -91,72 +93,23 @@ class SendMarks(LedgerBase):
         )
         return inserted == 1
 
-    async def record_obligation_in(
-        self,
-        tx: Transaction,
-        *,
-        obligation_id: str,
-        session_key: str,
-        session_id: str,
-        platform: str,
-        chat_id: str,
-        thread_id: str | None,
-        reply_to: str | None,
-        content: str,
-        message_ref: str,
-    ) -> bool:
+    async def record_obligation_in(self, tx: Transaction, **fields: Unpack[OwedFields]) -> bool:
         """``record_in(tx, Obligation.owed(...))``: the reply recorded ``pending`` in ``tx``.
 
         Errors propagate, so the turn's transaction rolls back with them.
         """
-        return await self.record_in(
-            tx,
-            Obligation.owed(
-                obligation_id=obligation_id,
-                session_key=session_key,
-                session_id=session_id,
-                platform=platform,
-                chat_id=chat_id,
-                thread_id=thread_id,
-                reply_to=reply_to,
-                content=content,
-                message_ref=message_ref,
-            ),
-        )
+        return await self.record_in(tx, Obligation.owed(**fields))
 
-    async def record_obligation(
-        self,
-        *,
-        obligation_id: str,
-        session_key: str,
-        session_id: str,
-        platform: str,
-        chat_id: str,
-        thread_id: str | None,
-        reply_to: str | None,
-        content: str,
-        message_ref: str,
-    ) -> bool:
+    async def record_obligation(self, **fields: Unpack[OwedFields]) -> bool:
         """``record_in`` of a ``pending`` reply in its own transaction; best effort.
 
         A storage failure is logged and returns ``False`` (the reply is still sent).
         """
-        owed = Obligation.owed(
-            obligation_id=obligation_id,
-            session_key=session_key,
-            session_id=session_id,
-            platform=platform,
-            chat_id=chat_id,
-            thread_id=thread_id,
-            reply_to=reply_to,
-            content=content,
-            message_ref=message_ref,
-        )
         try:
             async with self._store.transaction() as tx:
-                return await self.record_in(tx, owed)
+                return await self.record_in(tx, Obligation.owed(**fields))
         except STORAGE_ERRORS as exc:
-            self._log_storage_failure("record", obligation_id, exc)
+            self._log_storage_failure("record", fields["obligation_id"], exc)
             return False
 
     # -- around a send -----------------------------------------------------------

@@ -194,15 +194,7 @@ class Recovery(LedgerBase):
                     (me.pid, me.instance_id, me.started, moment, *stamp),
                 )
                 if changed == 1:
-                    claimed.append(
-                        replace(
-                            ob,
-                            state="attempting",
-                            attempts=ob.attempts + 1,
-                            needs_marker=needs_marker_for(ob),
-                            next_attempt_at=None,
-                        )
-                    )
+                    claimed.append(replace(ob.claimed(), needs_marker=needs_marker_for(ob)))
         for obligation_id, reason, platform in abandoned:
             logger.warning("obligation %s abandoned: %s", obligation_id, reason)
             self._abandoned(platform)
@@ -236,7 +228,7 @@ class Recovery(LedgerBase):
             return None
         if changed != 1:
             return None
-        return replace(obligation, state="attempting", attempts=obligation.attempts + 1)
+        return obligation.claimed()
 
     async def prune(self, now: datetime | None = None) -> int:
         """Delete ``delivered``/``abandoned`` rows settled more than ``RETENTION`` ago.

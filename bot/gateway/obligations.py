@@ -11,12 +11,13 @@ tables and the decoding of a row; the ledger's behaviour is in
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict, Unpack
 
 from bot.gateway.instances import Owner, from_epoch
 
@@ -75,6 +76,20 @@ def clip_error(error: str) -> str:
     return error if len(error) <= _MAX_ERROR_LEN else error[: _MAX_ERROR_LEN - 1] + "…"
 
 
+class OwedFields(TypedDict):
+    """What the caller knows of a reply it now owes (``Obligation.owed``)."""
+
+    obligation_id: str
+    session_key: str
+    session_id: str
+    platform: str
+    chat_id: str
+    thread_id: str | None
+    reply_to: str | None
+    content: str
+    message_ref: str
+
+
 @dataclass(frozen=True, slots=True)
 class Obligation:
     """One reply owed to a chat."""
@@ -115,35 +130,21 @@ class Obligation:
     """Platform message ids of the delivered parts."""
 
     @classmethod
-    def owed(
-        cls,
-        *,
-        obligation_id: str,
-        session_key: str,
-        session_id: str,
-        platform: str,
-        chat_id: str,
-        thread_id: str | None,
-        reply_to: str | None,
-        content: str,
-        message_ref: str,
-    ) -> Obligation:
+    def owed(cls, **fields: Unpack[OwedFields]) -> Obligation:
         """A reply just owed: ``pending``, no attempt yet, created now."""
         return cls(
-            obligation_id=obligation_id,
-            session_key=session_key,
-            session_id=session_id,
-            platform=platform,
-            chat_id=chat_id,
-            thread_id=thread_id,
-            reply_to=reply_to,
-            content=content,
+            **fields,
             state="pending",
             attempts=0,
             last_error=None,
             created_at=datetime.now(UTC),
             needs_marker=False,
-            message_ref=message_ref,
+        )
+
+    def claimed(self) -> Obligation:
+        """This obligation as its claim leaves it: ``attempting``, one more attempt counted."""
+        return dataclasses.replace(
+            self, state="attempting", attempts=self.attempts + 1, next_attempt_at=None
         )
 
     @property

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 
 from bot.core.memory import Transaction, TransactionalStore
 from bot.core.runner import Runner, RunResult
@@ -171,7 +170,7 @@ class Turns:
         )
         if not await self.ledger.record_in(tx, obligation, claimed=True):
             return None
-        return replace(obligation, state="attempting", attempts=1)
+        return obligation.claimed()
 
     async def _keep_typing(self, event: MessageEvent) -> None:
         adapter = self._adapters.get(event.platform)
