@@ -17,16 +17,18 @@ the directory itself, and an empty key would merge unrelated conversations.
 from __future__ import annotations
 
 import re
-import unicodedata
 
 __all__ = ["is_path_unsafe", "is_session_key_unsafe"]
 
 _SEPARATORS = re.compile(r"[/\\]")
 
 
+# Unicode category Cc is exactly these 65 code points: NUL and C0, DEL, C1.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def _has_control_chars(value: str) -> bool:
-    # Category Cc covers NUL, C0, DEL and C1 controls.
-    return any(unicodedata.category(ch) == "Cc" for ch in value)
+    return _CONTROL.search(value) is not None
 
 
 def _has_drive_letter(value: str) -> bool:

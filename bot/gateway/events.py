@@ -21,18 +21,17 @@ __all__ = [
 ]
 
 
+_EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(MessageEvent) if f.name != "raw")
+_SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(SessionSource))
+
+
 def event_to_dict(event: MessageEvent) -> dict[str, Any]:
     """A JSON-ready dict of ``event`` without its ``raw`` platform payload."""
-    data: dict[str, Any] = {}
-    for f in dataclasses.fields(event):
-        if f.name == "raw":
-            continue
-        value = getattr(event, f.name)
-        if f.name == "source":
-            value = dataclasses.asdict(value)
-        elif isinstance(value, datetime):
-            value = value.isoformat()
-        data[f.name] = value
+    # Every field but ``source`` and ``timestamp`` holds a str, bool or None.
+    data = {name: getattr(event, name) for name in _EVENT_FIELDS}
+    source = event.source
+    data["source"] = {name: getattr(source, name) for name in _SOURCE_FIELDS}
+    data["timestamp"] = event.timestamp.isoformat()
     return data
 
 
@@ -41,11 +40,9 @@ def event_from_dict(data: dict[str, Any]) -> MessageEvent:
 
     Unknown keys are ignored so rows written by a newer version still load.
     """
-    names = {f.name for f in dataclasses.fields(MessageEvent)} - {"raw"}
-    kwargs = {k: v for k, v in data.items() if k in names}
-    source_names = {f.name for f in dataclasses.fields(SessionSource)}
+    kwargs = {k: v for k, v in data.items() if k in _EVENT_FIELDS}
     kwargs["source"] = SessionSource(
-        **{k: v for k, v in dict(data["source"]).items() if k in source_names}
+        **{k: v for k, v in dict(data["source"]).items() if k in _SOURCE_FIELDS}
     )
     if isinstance(kwargs.get("timestamp"), str):
         kwargs["timestamp"] = datetime.fromisoformat(kwargs["timestamp"])

@@ -33,7 +33,7 @@ from bot.gateway.events import MessageEvent, encodable
 from bot.gateway.gate import Gate
 from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.instances import InstanceRegistry
-from bot.gateway.keys import log_ref, session_id_for
+from bot.gateway.keys import log_ref
 from bot.gateway.ledger import DeliveryLedger, Obligation
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.replies import Replies
@@ -341,8 +341,7 @@ class Gateway:
             # Refuse before accepting: the platform keeps the message and offers it again.
             self.metrics.busy.labels(platform).inc()
             raise DispatcherBusyError("too many messages waiting", retry_after=5.0)
-        session_key = self.session_key_for(event)
-        session_id = session_id_for(session_key)
+        session_key, session_id = self.gate.session_of(event)
         # Hold a place in the queue from tx 1 until the entry is queued: other events
         # are admitted meanwhile, a message once accepted must never find the queue
         # full, and stop() waits for it.

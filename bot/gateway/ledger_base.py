@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Final, TypeVar
 
 from bot.core.memory import Transaction, TransactionalStore, require_transactional
+from bot.core.store import TransactionBody
 from bot.errors import StorageError
 from bot.gateway.instances import (
     Owner,
@@ -36,6 +37,8 @@ __all__ = ["STORAGE_ERRORS", "DeliveredMark", "LedgerBase"]
 logger = logging.getLogger("bot.gateway.ledger")
 
 _COMPONENT: Final = "delivery_ledger"
+
+_T = TypeVar("_T")
 
 STORAGE_ERRORS: Final = (StorageError, sqlite3.Error)
 """Storage failures swallowed by the best-effort methods (the store translates
@@ -125,6 +128,17 @@ class LedgerBase:
             await self.open()
         async with self._store.transaction() as tx:
             yield tx
+
+    async def _run(self, body: TransactionBody[_T], *, write: bool = True) -> _T:
+        """``store.run(body)``, the tables created first if ``open`` was not called.
+
+        One call on the database thread (it joins the group commit), where a
+        ``_tx()`` block costs a round trip per statement: the body may await
+        only ``tx``'s methods.
+        """
+        if not self._opened:
+            await self.open()
+        return await self._store.run(body, write=write)
 
     def _now(self, now: datetime | None = None) -> float:
         return to_epoch(now if now is not None else self._clock())

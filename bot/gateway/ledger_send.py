@@ -198,7 +198,8 @@ class SendMarks(LedgerBase):
         come from ``Outbox.send`` for a row it holds, so they are written blind.
         """
         now = self._now()
-        async with self._tx() as tx:
+
+        async def body(tx: Transaction) -> set[str]:
             known: dict[str, str] = {}
             asked = [m.obligation_id for m in marks if m.check]
             for start in range(0, len(asked), _LOOKUP_CHUNK):
@@ -229,7 +230,9 @@ class SendMarks(LedgerBase):
                     "VALUES (?, ?, ?) ON CONFLICT(platform, message_id) DO NOTHING",
                     sent,
                 )
-        return {m.obligation_id for m, _ in written}
+            return {m.obligation_id for m, _ in written}
+
+        return await self._run(body)
 
     async def mark_failed(
         self,
@@ -256,53 +259,59 @@ class SendMarks(LedgerBase):
             await self.flush()  # a delivered mark still buffered decides first, as written
         now = self._now()
         error = clip_error(error)
+        fence, fence_params = self._fence()
+
+        async def body(tx: Transaction) -> tuple[bool, str, str, str]:
+            """(updated, new state, error, platform) of the row."""
+            rows = await tx.fetchall(
+                f"SELECT state, attempts, platform FROM {TABLE} WHERE obligation_id = ?",
+                (obligation_id,),
+            )
+            if not rows:
+                logger.warning("failed obligation %s is not in the ledger", obligation_id)
+                return False, "", error, ""
+            state, attempts, platform = str(rows[0][0]), int(rows[0][1]), str(rows[0][2])
+            if state in ("delivered", "abandoned"):
+                return False, state, error, platform
+            maybe = 1 if ambiguous else None
+            noted = error
+            if retry_after is not None:
+                new_state, attempts = "failed", max(attempts - 1, 0)
+                next_at: float | None = now + max(float(retry_after), 0.0)
+            elif retryable and attempts < MAX_ATTEMPTS:
+                delay = RETRY_BACKOFF[min(max(attempts - 1, 0), len(RETRY_BACKOFF) - 1)]
+                new_state, next_at = "failed", now + delay
+            else:
+                new_state, next_at = "abandoned", None
+                if retryable:
+                    noted = clip_error(f"{error} (gave up after {attempts} attempts)")
+            changed = await tx.execute(
+                f"UPDATE {TABLE} SET state = ?, attempts = ?, last_error = ?, "
+                "next_attempt_at = ?, maybe_delivered = COALESCE(?, maybe_delivered), "
+                "updated_at = ? WHERE obligation_id = ? AND state = ?" + fence,
+                (
+                    new_state,
+                    attempts,
+                    noted,
+                    next_at,
+                    maybe,
+                    now,
+                    obligation_id,
+                    state,
+                    *fence_params,
+                ),
+            )
+            if changed != 1 and self._fenced:
+                logger.info(
+                    "obligation %s was taken over by another process; its failure here "
+                    "is not recorded",
+                    obligation_id,
+                )
+                return False, state, noted, platform
+            return True, new_state, noted, platform
+
         try:
-            async with self._tx() as tx:
-                rows = await tx.fetchall(
-                    f"SELECT state, attempts, platform FROM {TABLE} WHERE obligation_id = ?",
-                    (obligation_id,),
-                )
-                if not rows:
-                    logger.warning("failed obligation %s is not in the ledger", obligation_id)
-                    return False
-                state, attempts, platform = str(rows[0][0]), int(rows[0][1]), str(rows[0][2])
-                if state in ("delivered", "abandoned"):
-                    return False
-                maybe = 1 if ambiguous else None
-                if retry_after is not None:
-                    new_state, attempts = "failed", max(attempts - 1, 0)
-                    next_at: float | None = now + max(float(retry_after), 0.0)
-                elif retryable and attempts < MAX_ATTEMPTS:
-                    delay = RETRY_BACKOFF[min(max(attempts - 1, 0), len(RETRY_BACKOFF) - 1)]
-                    new_state, next_at = "failed", now + delay
-                else:
-                    new_state, next_at = "abandoned", None
-                    if retryable:
-                        error = clip_error(f"{error} (gave up after {attempts} attempts)")
-                fence, fence_params = self._fence()
-                changed = await tx.execute(
-                    f"UPDATE {TABLE} SET state = ?, attempts = ?, last_error = ?, "
-                    "next_attempt_at = ?, maybe_delivered = COALESCE(?, maybe_delivered), "
-                    "updated_at = ? WHERE obligation_id = ? AND state = ?" + fence,
-                    (
-                        new_state,
-                        attempts,
-                        error,
-                        next_at,
-                        maybe,
-                        now,
-                        obligation_id,
-                        state,
-                        *fence_params,
-                    ),
-                )
-                if changed != 1 and self._fenced:
-                    logger.info(
-                        "obligation %s was taken over by another process; its failure here "
-                        "is not recorded",
-                        obligation_id,
-                    )
-                    return False
+            updated, new_state, noted, platform = await self._run(body)
         except STORAGE_ERRORS as exc:
             self._log_storage_failure("mark failed", obligation_id, exc)
             self._unrecorded[obligation_id] = lambda: self.mark_failed(
@@ -314,10 +323,10 @@ class SendMarks(LedgerBase):
             )
             return False
         self._unrecorded.pop(obligation_id, None)
-        if new_state == "abandoned":
-            logger.warning("obligation %s abandoned: %s", obligation_id, error)
+        if updated and new_state == "abandoned":
+            logger.warning("obligation %s abandoned: %s", obligation_id, noted)
             self._abandoned(platform)
-        return True
+        return updated
 
     @property
     def unrecorded(self) -> int:
@@ -353,9 +362,12 @@ class SendMarks(LedgerBase):
         if platform is not None:
             sql += " AND platform = ?"
             params += (platform,)
+
+        async def body(tx: Transaction) -> list[tuple[object, ...]]:
+            return await tx.fetchall(sql + " LIMIT 1", params)
+
         try:
-            async with self._tx() as tx:
-                rows = await tx.fetchall(sql + " LIMIT 1", params)
+            rows = await self._run(body, write=False)
         except STORAGE_ERRORS as exc:
             self._log_storage_failure("look up a sent message of", "(any)", exc)
             return None

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
+from bot.core.memory import Transaction
 from bot.gateway.instances import Owner, to_epoch
 from bot.gateway.ledger_base import STORAGE_ERRORS, LedgerBase, logger
 from bot.gateway.obligations import (
@@ -48,14 +50,20 @@ class Recovery(LedgerBase):
         await self.flush()  # claims read states: let the buffered delivered marks land first
         moment = self._now(now)
         me = self._owner
+
+        async def body(tx: Transaction) -> list[tuple[Any, ...]]:
+            return await tx.fetchall(
+                f"SELECT {COLUMNS} FROM {TABLE} WHERE state = 'failed' "
+                "AND next_attempt_at <= ? AND owner_pid = ? AND owner_instance = ? "
+                "ORDER BY next_attempt_at, created_at",
+                (moment, me.pid, me.instance_id),
+            )
+
         try:
-            async with self._tx() as tx:
-                rows = await tx.fetchall(
-                    f"SELECT {COLUMNS} FROM {TABLE} WHERE state = 'failed' "
-                    "AND next_attempt_at <= ? AND owner_pid = ? AND owner_instance = ? "
-                    "ORDER BY next_attempt_at, created_at",
-                    (moment, me.pid, me.instance_id),
-                )
+            # The poll runs every few seconds: a read that finds nothing writes nothing.
+            rows = await self._run(body, write=False)
+            if not rows:
+                return []
             candidates = [decode_row(r) for r in rows]
             claimed = await self._settle(candidates, moment, needs_marker_for=_maybe_only)
         except STORAGE_ERRORS as exc:
@@ -97,14 +105,17 @@ class Recovery(LedgerBase):
         moment = self._now(now)
         alive: dict[Owner, bool] = {}
         claimed: list[Obligation] = []
+
+        async def body(tx: Transaction) -> list[tuple[Any, ...]]:
+            return await tx.fetchall(
+                f"SELECT {COLUMNS} FROM {TABLE} "
+                "WHERE state IN ('pending', 'attempting', 'failed') "
+                "ORDER BY created_at, obligation_id",
+                (),
+            )
+
         try:
-            async with self._tx() as tx:
-                rows = await tx.fetchall(
-                    f"SELECT {COLUMNS} FROM {TABLE} "
-                    "WHERE state IN ('pending', 'attempting', 'failed') "
-                    "ORDER BY created_at, obligation_id",
-                    (),
-                )
+            rows = await self._run(body, write=False)
             candidates: list[StoredRow] = []
             for values in rows:
                 row = decode_row(values)
@@ -149,7 +160,10 @@ class Recovery(LedgerBase):
             "WHERE obligation_id = ? AND owner_pid = ? AND owner_instance = ? "
             "AND state = ? AND attempts = ?"
         )
-        async with self._store.transaction() as tx:
+        if not rows:
+            return []
+
+        async def body(tx: Transaction) -> None:
             for row in rows:
                 ob = row.obligation
                 stamp = (
@@ -195,6 +209,8 @@ class Recovery(LedgerBase):
                 )
                 if changed == 1:
                     claimed.append(replace(ob.claimed(), needs_marker=needs_marker_for(ob)))
+
+        await self._run(body)
         for obligation_id, reason, platform in abandoned:
             logger.warning("obligation %s abandoned: %s", obligation_id, reason)
             self._abandoned(platform)
@@ -208,21 +224,25 @@ class Recovery(LedgerBase):
         the database failed (logged; the row stays for the next sweep).
         """
         me = self._owner
+        params = (
+            self._now(),
+            obligation.obligation_id,
+            me.pid,
+            me.instance_id,
+            obligation.state,
+            obligation.attempts,
+        )
+
+        async def body(tx: Transaction) -> int:
+            return await tx.execute(
+                f"UPDATE {TABLE} SET state = 'attempting', attempts = attempts + 1, "
+                "next_attempt_at = NULL, updated_at = ? WHERE obligation_id = ? "
+                "AND owner_pid = ? AND owner_instance = ? AND state = ? AND attempts = ?",
+                params,
+            )
+
         try:
-            async with self._tx() as tx:
-                changed = await tx.execute(
-                    f"UPDATE {TABLE} SET state = 'attempting', attempts = attempts + 1, "
-                    "next_attempt_at = NULL, updated_at = ? WHERE obligation_id = ? "
-                    "AND owner_pid = ? AND owner_instance = ? AND state = ? AND attempts = ?",
-                    (
-                        self._now(),
-                        obligation.obligation_id,
-                        me.pid,
-                        me.instance_id,
-                        obligation.state,
-                        obligation.attempts,
-                    ),
-                )
+            changed = await self._run(body)
         except STORAGE_ERRORS as exc:
             self._log_storage_failure("claim", obligation.obligation_id, exc)
             return None
@@ -238,17 +258,21 @@ class Recovery(LedgerBase):
         """
         cutoff = self._now(now) - RETENTION.total_seconds()
         total = 0
+
+        async def body(tx: Transaction) -> list[tuple[str]]:
+            rows = await tx.fetchall(
+                f"SELECT obligation_id FROM {TABLE} "
+                "WHERE state IN ('delivered', 'abandoned') AND updated_at < ? LIMIT ?",
+                (cutoff, _BATCH),
+            )
+            ids = [(str(r[0]),) for r in rows]
+            if ids:
+                await tx.executemany(f"DELETE FROM {SENT_TABLE} WHERE obligation_id = ?", ids)
+                await tx.executemany(f"DELETE FROM {TABLE} WHERE obligation_id = ?", ids)
+            return ids
+
         while True:
-            async with self._tx() as tx:
-                rows = await tx.fetchall(
-                    f"SELECT obligation_id FROM {TABLE} "
-                    "WHERE state IN ('delivered', 'abandoned') AND updated_at < ? LIMIT ?",
-                    (cutoff, _BATCH),
-                )
-                ids = [(str(r[0]),) for r in rows]
-                if ids:
-                    await tx.executemany(f"DELETE FROM {SENT_TABLE} WHERE obligation_id = ?", ids)
-                    await tx.executemany(f"DELETE FROM {TABLE} WHERE obligation_id = ?", ids)
+            ids = await self._run(body)
             total += len(ids)
             if len(ids) < _BATCH:
                 break

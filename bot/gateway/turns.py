@@ -23,12 +23,15 @@ from bot.gateway.outbox import Outbox
 from bot.gateway.replies import Replies
 from bot.metrics import Metrics
 
-__all__ = ["MAX_INBOUND_CHARS", "TYPING_INTERVAL", "Turns"]
+__all__ = ["MAX_INBOUND_CHARS", "TYPING_DELAY", "TYPING_INTERVAL", "Turns"]
 
 logger = logging.getLogger(__name__)
 
 TYPING_INTERVAL = 4.0
 """Seconds between typing indications (Telegram's indicator fades after ~5 s)."""
+TYPING_DELAY = 0.3
+"""A turn shows "typing" once it has run this long: a faster answer is on screen
+before an indicator would be, so it costs no platform call and no task."""
 MAX_INBOUND_CHARS = 16_000
 """Longer inbound texts are refused with a short answer instead of reaching the model."""
 
@@ -104,8 +107,9 @@ class Turns:
             "session_key": entry.session_key,
             "inbound_message_id": event.message_id,
         }
-        typing = asyncio.create_task(self._keep_typing(event))
-        started = asyncio.get_running_loop().time()
+        typing = _Typing(adapter, event)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             await self.runner.run_async(entry.session_id, event.text, metadata, on_commit=commit)
         except InboxClaimLostError:
@@ -122,9 +126,8 @@ class Turns:
             await self._answer_without_turn(entry, self.replies.apology, error=type(exc).__name__)
             return
         finally:
-            typing.cancel()
-            await asyncio.gather(typing, return_exceptions=True)
-            self.metrics.turn_duration.observe(asyncio.get_running_loop().time() - started)
+            typing.stop()
+            self.metrics.turn_duration.observe(loop.time() - started)
         self.metrics.turns.labels("ok").inc()
         for item in obligation:
             await self.outbox.send(item)
@@ -172,11 +175,34 @@ class Turns:
             return None
         return obligation.claimed()
 
-    async def _keep_typing(self, event: MessageEvent) -> None:
-        adapter = self._adapters.get(event.platform)
-        if adapter is None:
-            return
+
+class _Typing:
+    """ "typing" from ``TYPING_DELAY`` into a turn until ``stop``, every ``TYPING_INTERVAL``."""
+
+    __slots__ = ("_adapter", "_event", "_handle", "_task")
+
+    def __init__(self, adapter: PlatformAdapter | None, event: MessageEvent) -> None:
+        self._adapter = adapter
+        self._event = event
+        self._task: asyncio.Task[None] | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        if adapter is not None:
+            self._handle = asyncio.get_running_loop().call_later(TYPING_DELAY, self._begin)
+
+    def _begin(self) -> None:
+        self._handle = None
+        self._task = asyncio.get_running_loop().create_task(self._keep_typing())
+
+    async def _keep_typing(self) -> None:
+        assert self._adapter is not None
         while True:
             with contextlib.suppress(Exception):
-                await adapter.indicate_typing(event)
+                await self._adapter.indicate_typing(self._event)
             await asyncio.sleep(TYPING_INTERVAL)
+
+    def stop(self) -> None:
+        """No more indications (a call in flight is cancelled)."""
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._task is not None:
+            self._task.cancel()

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from bot.core.models.scripted import ScriptedModel
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import ModelError, PlatformError, StorageError
 from bot.gateway.dispatcher import DispatcherBusyError
+from bot.gateway.events import MessageEvent
 from bot.gateway.gateway import Replies
 from bot.gateway.ledger import RECOVERED_MARKER
 from tests.fakes.adapter import FakeAdapter, make_event, transient
@@ -169,16 +171,16 @@ async def test_ledger_write_failure_is_logged_and_the_reply_still_sent(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     rig: Rig = await rigs()  # type: ignore[misc]
-    real = rig.store.transaction
+    real = rig.store.run
 
-    def flaky_transaction() -> object:
+    async def flaky_run(body: Any, **options: Any) -> Any:
         # Every write after the reply left (mark_delivered) fails.
         if rig.adapter.sent:
             raise StorageError("disk full")
-        return real()
+        return await real(body, **options)
 
     rig.model.add(ScriptedModel.reply("still here"))
-    monkeypatch.setattr(rig.store, "transaction", flaky_transaction)
+    monkeypatch.setattr(rig.store, "run", flaky_run)
     with caplog.at_level(logging.WARNING):
         await rig.adapter.deliver(make_event("hi"))
         sent = await rig.adapter.wait_for_sent(1)
@@ -187,7 +189,7 @@ async def test_ledger_write_failure_is_logged_and_the_reply_still_sent(
     assert any("disk full" in r.getMessage() or r.exc_info for r in caplog.records)
     # The outcome waits in memory and lands once the database writes again.
     assert rig.gateway.ledger.unrecorded == 1
-    monkeypatch.setattr(rig.store, "transaction", real)
+    monkeypatch.setattr(rig.store, "run", real)
     assert await rig.gateway.ledger.record_unrecorded() == 0
     assert (await rig.gateway.ledger.status()).get("delivered") == 1
 
@@ -267,12 +269,35 @@ async def test_failed_status_is_recorded_against_its_obligation(
     assert again is not None and "131026" in (again.last_error or "")
 
 
-async def test_the_user_sees_typing_while_a_turn_runs(rigs: Callable[..., object]) -> None:
+async def test_the_user_sees_typing_while_a_slow_turn_runs(
+    rigs: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
     rig: Rig = await rigs()  # type: ignore[misc]
-    rig.model.add(ScriptedModel.reply("done thinking"))
+    shown = asyncio.Event()
+    real = rig.adapter.indicate_typing
+
+    async def indicate_typing(event: MessageEvent) -> None:
+        await real(event)
+        shown.set()
+
+    async def thinking(_: object) -> ModelResponse:
+        await shown.wait()  # the model answers only once "typing" is on screen
+        return ScriptedModel.reply("done thinking")
+
+    monkeypatch.setattr(rig.adapter, "indicate_typing", indicate_typing)
+    rig.model.add(thinking)
+    await rig.adapter.deliver(make_event("hi"))
+    assert [s.text for s in await rig.adapter.wait_for_sent(1)] == ["done thinking"]
+    assert rig.adapter.typing == 1
+
+
+async def test_a_fast_answer_costs_no_typing_call(rigs: Callable[..., object]) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    rig.model.add(ScriptedModel.reply("instant"))
     await rig.adapter.deliver(make_event("hi"))
     await rig.adapter.wait_for_sent(1)
-    assert rig.adapter.typing >= 1
+    assert rig.gateway._dispatcher is not None and await rig.gateway._dispatcher.drain(5)
+    assert rig.adapter.typing == 0
 
 
 async def test_stop_lets_a_turn_in_flight_finish_and_refuses_new_messages(

@@ -157,7 +157,11 @@ async def test_a_sent_reply_whose_outcome_was_not_recorded_is_resent_marked(
         async def __aexit__(self, *exc: object) -> None:
             return None
 
+    async def locked(body: object, **options: object) -> object:
+        raise StorageError("database is locked")
+
     monkeypatch.setattr(gateway.ledger, "_tx", Locked)
+    monkeypatch.setattr(gateway.ledger, "_run", locked)
     await adapter.deliver(make_event("refund?"))
     await adapter.wait_for_sent(1)
     await gateway.stop(grace=5)
@@ -241,6 +245,22 @@ async def test_allowed_chats_match_a_migrated_group_by_its_old_id(
     rig.model.add(ScriptedModel.reply("still here"))
     assert await rig.adapter.deliver(make_event("hello all", chat_type="group", chat_id="-100200"))
     assert (await rig.adapter.wait_for_sent(1))[0].text == "still here"
+
+
+async def test_a_migrated_group_keeps_its_session_after_its_key_was_remembered(
+    rigs: Callable[..., object],
+) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    before = make_event("/start", chat_type="group", chat_id="-100", command="start")
+    assert await rig.adapter.deliver(before)  # its session key is built and remembered
+    key = rig.gateway.session_key_for(before)
+    migration = replace(
+        make_event("", chat_type="group", chat_id="-100200"), migrate_from_chat_id="-100"
+    )
+    assert not await rig.adapter.deliver(migration)
+    after = make_event("/help", chat_type="group", chat_id="-100200", command="help")
+    assert rig.gateway.session_key_for(after) == key
+    assert rig.gateway.session_key_for(before) == key
 
 
 class FlakyStartAdapter(FakeAdapter):

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
 
-from bot.core.memory import Transaction
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.errors import StorageError
 from bot.gateway.ledger import DeliveryLedger, Obligation
@@ -71,15 +69,15 @@ async def states(store: SQLiteSessionStore) -> dict[str, str]:
 
 
 def count_transactions(store: SQLiteSessionStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Wrap ``store.transaction``; the returned one-item list counts the transactions opened."""
+    """Wrap ``store.run``; the returned one-item list counts the transaction bodies run."""
     opened = [0]
-    real = store.transaction
+    real = store.run
 
-    def counting() -> AbstractAsyncContextManager[Transaction]:
+    async def counting(body: Any, **options: Any) -> Any:
         opened[0] += 1
-        return real()
+        return await real(body, **options)
 
-    monkeypatch.setattr(store, "transaction", counting)
+    monkeypatch.setattr(store, "run", counting)
     return opened
 
 
@@ -162,17 +160,17 @@ async def test_a_failed_flush_leaves_the_rows_attempting_and_is_retried(
     ledger: DeliveryLedger, store: SQLiteSessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     owed = await owe(ledger, store, 3)
-    real = store.transaction
+    real = store.run
 
-    def locked() -> Any:
+    async def locked(body: Any, **options: Any) -> Any:
         raise StorageError("database is locked")
 
-    monkeypatch.setattr(store, "transaction", locked)
+    monkeypatch.setattr(store, "run", locked)
     for n, ob in enumerate(owed):
         await ledger.mark_delivered(ob.obligation_id, [f"s{n}"], platform="fake", wait=False)
     await ledger.flush()
     assert ledger.unrecorded == 3
-    monkeypatch.setattr(store, "transaction", real)
+    monkeypatch.setattr(store, "run", real)
     assert set((await states(store)).values()) == {"attempting"}  # a crash now resends marked
     opened = count_transactions(store, monkeypatch)
     assert await ledger.record_unrecorded() == 0

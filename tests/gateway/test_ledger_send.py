@@ -244,12 +244,12 @@ async def test_a_failing_transaction_is_swallowed(
 ) -> None:
     oid = await record(ledger)
     await ledger.mark_attempting(oid)
-    real = store.transaction
+    real = store.run
 
-    def broken() -> Any:
+    async def broken(body: Any, **options: Any) -> Any:
         raise StorageError("database is locked")
 
-    monkeypatch.setattr(store, "transaction", broken)
+    monkeypatch.setattr(store, "run", broken)
     assert await ledger.mark_delivered(oid, ["1"]) is False
-    monkeypatch.setattr(store, "transaction", real)
+    monkeypatch.setattr(store, "run", real)
     assert (await get(ledger, oid)).state == "attempting"  # the sweep of a later boot resends
