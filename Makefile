@@ -18,12 +18,15 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy bot platforms agents tests bench
 
+# The console's browser test needs Debian's chromium: installed here when missing (as root).
+# Two workers: most of the suite waits on bot subprocesses, fake servers and PostgreSQL.
 test: check
-	$(VENV)/bin/pytest -q
+	scripts/ensure-chromium.sh
+	$(VENV)/bin/pytest -q -n 2
 
 # The whole suite with a throwaway PostgreSQL server (what .ci/run does).
 test-pg: check
-	scripts/with-postgres.sh $(VENV)/bin/pytest -q
+	scripts/with-postgres.sh $(VENV)/bin/pytest -q -n 2
 
 # PostgreSQL (throwaway server) is there for the multi-process pipeline figure.
 bench: $(STAMP)

@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, ROOT, machine_info, print_table, read_result
 
-BENCHMARKS = ("ceiling", "pipeline", "stores", "growth", "pg_pipeline")
+BENCHMARKS = ("ceiling", "pipeline", "stores", "growth", "pg_pipeline", "streaming")
 TIMEOUT_SECONDS = 240
 """Hard stop for one benchmark (each is sized to finish well within 2 minutes)."""
 

@@ -5,6 +5,9 @@ imported on its own so that ``import bot`` stays light.
 """
 
 from bot.core.agent import Agent
+from bot.core.attachments import Attachment, ToolOutput
+from bot.core.human_handoff import transfer_to_human
+from bot.core.mcp_servers import MCPServer, MCPServerStdio, MCPServerStreamableHttp
 from bot.core.memory import (
     DEFAULT_DEDUP_TTL_HOURS,
     BaseSessionStore,
@@ -12,10 +15,22 @@ from bot.core.memory import (
     SessionDeletedError,
     SessionStore,
 )
-from bot.core.messages import Message, Role, ToolCall
+from bot.core.messages import (
+    AudioPart,
+    ContactPart,
+    DocumentPart,
+    ImagePart,
+    LocationPart,
+    Message,
+    MessagePart,
+    Role,
+    TextPart,
+    ToolCall,
+)
 from bot.core.models.routing import ModelSettings
 from bot.core.runner import Runner, RunResult
 from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.streaming import ReplyStream
 from bot.core.tools import ToolContext, tool
 from bot.errors import (
     AgentNotFoundError,
@@ -23,6 +38,8 @@ from bot.errors import (
     ConfigurationError,
     EmptyAnswerError,
     MaxToolRoundsError,
+    MCPServerError,
+    MediaError,
     ModelError,
     PlatformError,
     SchemaVersionError,
@@ -34,15 +51,28 @@ __all__ = [
     "DEFAULT_DEDUP_TTL_HOURS",
     "Agent",
     "AgentNotFoundError",
+    "Attachment",
+    "AudioPart",
     "BaseSessionStore",
     "ChatflowError",
     "ConfigurationError",
+    "ContactPart",
+    "DocumentPart",
     "EmptyAnswerError",
+    "ImagePart",
+    "LocationPart",
+    "MCPServer",
+    "MCPServerError",
+    "MCPServerStdio",
+    "MCPServerStreamableHttp",
     "MaxToolRoundsError",
+    "MediaError",
     "Message",
+    "MessagePart",
     "ModelError",
     "ModelSettings",
     "PlatformError",
+    "ReplyStream",
     "Role",
     "RunResult",
     "Runner",
@@ -52,8 +82,11 @@ __all__ = [
     "SessionDeletedError",
     "SessionStore",
     "StorageError",
+    "TextPart",
     "ToolCall",
     "ToolContext",
+    "ToolOutput",
     "TurnError",
     "tool",
+    "transfer_to_human",
 ]

@@ -100,7 +100,12 @@ async def check_polling_alone(settings: Settings, instances: InstanceRegistry) -
 def build_runner(settings: Settings, store: BaseSessionStore) -> Runner:
     """The Runner over the operator's agents; fails early on a model that routes nowhere."""
     starting = load_starting_agent(settings.agents_module)
-    return Runner(starting, store, model_settings=ModelSettings.from_settings(settings))
+    return Runner(
+        starting,
+        store,
+        model_settings=ModelSettings.from_settings(settings),
+        stream_replies=settings.stream_replies,
+    )
 
 
 def build_adapters(
@@ -109,8 +114,10 @@ def build_adapters(
     console: bool = False,
     console_in: IO[str] | None = None,
     console_out: IO[str] | None = None,
+    web: bool = False,
 ) -> list[PlatformAdapter]:
-    """One adapter per configured platform, plus the console when asked for."""
+    """One adapter per configured platform, the terminal console when asked for, and
+    the browser console's web channel with ``web``."""
     adapters: list[PlatformAdapter] = []
     if settings.telegram_bot_token is not None:
         from bot.platforms.telegram import TelegramAdapter
@@ -120,6 +127,7 @@ def build_adapters(
             TelegramAdapter(
                 settings.telegram_bot_token.get_secret_value(),
                 base_url=settings.telegram_api_base_url,
+                file_base_url=settings.telegram_file_base_url,
                 webhook_url=settings.telegram_webhook_url,
                 webhook_secret=None if secret is None else secret.get_secret_value(),
                 allow_channels=settings.telegram_allow_channels,
@@ -146,6 +154,11 @@ def build_adapters(
         from bot.platforms.console import ConsoleAdapter
 
         adapters.append(ConsoleAdapter(input_stream=console_in, output_stream=console_out))
+    if web:
+        # The browser console's own channel: try the agents without a platform.
+        from bot.platforms.web import WebAdapter
+
+        adapters.append(WebAdapter())
     return adapters
 
 
@@ -172,6 +185,7 @@ class Bot:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         store = open_store(settings)
         instances: InstanceRegistry | None = None
+        runner: Runner | None = None
         try:
             if store.dialect == "postgres":
                 # Several processes: one secret for all (in the database), leases for liveness.
@@ -183,11 +197,15 @@ class Bot:
             else:
                 secret = await asyncio.to_thread(load_or_create_secret, settings.data_dir)
             runner = build_runner(settings, store)
+            # Before any platform takes traffic: a required MCP server that cannot
+            # start (within its connect timeout) stops the bot with one line.
+            await runner.connect_mcp_servers()
             adapters = build_adapters(
                 settings,
                 console=self.console,
                 console_in=self.console_in,
                 console_out=self.console_out,
+                web=self.serve_http and settings.console_token is not None,
             )
             gateway = Gateway(
                 runner,
@@ -198,13 +216,17 @@ class Bot:
                 metrics=self.metrics,
                 instances=instances,
             )
-            await self._serve(gateway, adapters)
+            await self._serve(gateway, adapters, secret)
         finally:
+            if runner is not None:  # after the gateway drained: no turn needs a tool now
+                await runner.close_mcp_servers()
             if instances is not None:
                 await instances.stop()
             await store.close()
 
-    async def _serve(self, gateway: Gateway, adapters: list[PlatformAdapter]) -> None:
+    async def _serve(
+        self, gateway: Gateway, adapters: list[PlatformAdapter], secret: bytes
+    ) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -215,6 +237,13 @@ class Bot:
             await gateway.start()
             if self.serve_http:
                 routes = [route for adapter in adapters for route in adapter.routes()]
+                console_token = self.settings.console_token
+                if console_token is not None:  # unset: no console route, /console is 404
+                    from bot.console import console_routes
+
+                    routes += await console_routes(
+                        console_token.get_secret_value(), secret, gateway
+                    )
 
                 async def health() -> dict[str, object]:
                     return await self._health(gateway)
@@ -256,9 +285,12 @@ class Bot:
             else "no HTTP server"
         )
         lines = [
-            f"Chatflow: {names}; model {model}; database {self.settings.database_label}",
+            f"Chatflow: {names}; model {model}; database {self.settings.database_label}; "
+            f"streamed replies {'on' if self.settings.stream_replies else 'off'}",
             f"Webhooks, /healthz and /metrics: {where}.",
             "Connect Telegram with TELEGRAM_BOT_TOKEN, WhatsApp with WHATSAPP_PHONE_ID and "
             "WHATSAPP_TOKEN, a real model with OPENAI_API_KEY or GEMINI_API_KEY (.env.example).",
         ]
+        if self.serve_http and self.settings.console_token is not None:
+            lines.insert(2, f"Operator console: {where}/console (sign in with CONSOLE_TOKEN).")
         print("\n".join(lines), file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""``python -m bot`` / ``chatflow``: run the bot, chat, inspect sessions and the ledger."""
+"""``python -m bot`` / ``chatflow``: run the bot, chat, inspect sessions, the ledger, pairing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import Any
 from bot.app import Bot, instance_lock, load_starting_agent, open_store
 from bot.config import Settings, load_settings
 from bot.errors import ChatflowError, ConfigurationError
+from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.pairing import Pairing, sender_ref
 from bot.logs import configure_logging, quiet_console_logs
 
 __all__ = ["NO_PLATFORM_MESSAGE", "main", "stdin_has_input"]
@@ -137,6 +139,47 @@ async def _ledger(settings: Settings, args: argparse.Namespace) -> int:
         await store.close()
 
 
+async def _pairing(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_store(settings)
+    try:
+        if store.dialect == "postgres":
+            await store.open()
+            secret = await load_or_create_shared_secret(store)
+        else:
+            secret = await asyncio.to_thread(load_or_create_secret, settings.data_dir)
+        pairing = Pairing(store, secret=secret, ttl_seconds=settings.pairing_code_ttl_seconds)
+        await pairing.open()
+        if args.action == "approve":
+            outcome, ref = await pairing.approve(args.code)
+            if outcome == "approved":
+                print(f"approved {ref}: served from now on, in every running process")
+                return 0
+            why = "has expired (the sender gets a new one by writing again)"
+            print(
+                f"pairing code {args.code} {why if outcome == 'expired' else 'is unknown'}",
+                file=sys.stderr,
+            )
+            return 1
+        if args.action == "revoke":
+            removed = await pairing.revoke(args.target)
+            if not removed:
+                print(f"no approval or pending code matches {args.target}", file=sys.stderr)
+                return 1
+            print(f"revoked {args.target}")
+            return 0
+        now = store.now()
+        for pending in await pairing.pending():
+            left = (pending.expires_at - now).total_seconds() / 3600
+            who = sender_ref(pending.platform, pending.sender)
+            print(f"pending   {pending.code}  {who}  expires in {left:.1f} h")
+        for approval in await pairing.approvals():
+            who = sender_ref(approval.platform, approval.sender)
+            print(f"approved  {who}  since {approval.approved_at:%Y-%m-%d %H:%M} UTC")
+        return 0
+    finally:
+        await store.close()
+
+
 async def _doctor(settings: Settings, args: argparse.Namespace) -> int:
     from bot.doctor import run_checks
 
@@ -213,6 +256,24 @@ def _parser() -> argparse.ArgumentParser:
     abandon.add_argument("obligation_id")
     abandon.add_argument("--reason", default="abandoned by the operator")
     ledger.set_defaults(handler=_ledger)
+
+    pairing = sub.add_parser(
+        "pairing",
+        help="approve, list or revoke senders (ACCESS_MODE=pairing)",
+        description="Senders who wrote in pairing mode got a one-time code; approving it "
+        "lets them in at once, in every running process.",
+    )
+    p_sub = pairing.add_subparsers(dest="action", required=True, metavar="ACTION")
+    approve = p_sub.add_parser("approve", help="let in the sender who was given CODE")
+    approve.add_argument("code", metavar="CODE")
+    p_sub.add_parser("list", help="pending codes and approved senders")
+    revoke = p_sub.add_parser("revoke", help="withdraw an approval")
+    revoke.add_argument(
+        "target",
+        metavar="CODE|PLATFORM:USER_ID",
+        help="the code used, or e.g. telegram:123456789 (or telegram:user_<hex> from list)",
+    )
+    pairing.set_defaults(handler=_pairing)
 
     doctor = sub.add_parser(
         "doctor",

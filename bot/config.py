@@ -21,6 +21,9 @@ __all__ = ["Settings", "load_settings"]
 
 logger = logging.getLogger(__name__)
 
+CONSOLE_TOKEN_MIN_LENGTH = 24
+"""Shortest ``CONSOLE_TOKEN`` accepted: the console is reachable over HTTP."""
+
 CommaList = Annotated[frozenset[str], NoDecode]
 """A comma-separated environment value (``"1,2, 3"``) read as a set of strings."""
 
@@ -59,6 +62,11 @@ class Settings(BaseSettings):
     """Ollama's OpenAI-compatible endpoint, for ``ollama/<name>`` models."""
     model_timeout_seconds: float = Field(default=60.0, gt=0)
     """Total time one model call may take, retries included."""
+    transcription_model: str = "whisper-1"
+    """Speech-to-text model at ``OPENAI_BASE_URL`` (``/audio/transcriptions``) for voice
+    notes; needs ``OPENAI_API_KEY``, else voice notes are answered without a transcript."""
+    max_media_bytes: int = Field(default=20 * 1024 * 1024, gt=0)
+    """Largest photo, voice note or file downloaded (bytes); larger ones are refused."""
 
     telegram_bot_token: SecretStr | None = None
     """Token from @BotFather; enables Telegram."""
@@ -70,6 +78,9 @@ class Settings(BaseSettings):
     """Secret Telegram echoes in ``X-Telegram-Bot-Api-Secret-Token``."""
     telegram_allow_channels: bool = False
     """Answer channel posts too."""
+    telegram_file_base_url: str | None = None
+    """Where the Bot API serves files (PTB ``base_file_url``); unset: derived from
+    ``TELEGRAM_API_BASE_URL`` (``.../bot`` -> ``.../file/bot``)."""
 
     whatsapp_phone_id: str | None = None
     """Phone number id of the WhatsApp Cloud number; enables WhatsApp."""
@@ -88,6 +99,9 @@ class Settings(BaseSettings):
     """Address of the webhook, health and metrics server."""
     http_port: int = Field(default=8080, ge=0, le=65535)
     """Port of that server (0 picks a free one)."""
+    console_token: SecretStr | None = None
+    """Enables the operator console at ``/console`` on that server (sign in with it, or
+    send ``Authorization: Bearer <token>``); at least 24 characters. Unset: no console."""
 
     group_sessions_per_user: bool = True
     """In groups (outside topics), one conversation per member instead of one per group."""
@@ -97,6 +111,15 @@ class Settings(BaseSettings):
     """If set, only these raw sender ids are answered."""
     allowed_chats: CommaList = frozenset()
     """If set, only these raw chat ids are answered."""
+    access_mode: Literal["open", "allowlist", "pairing"] = "open"
+    """Who is served: everyone, the allow lists, or the lists plus senders the operator
+    approved by pairing code. Unset with an allow list set: ``allowlist``."""
+    pairing_code_ttl_seconds: int = Field(default=86400, ge=60)
+    """How long a pairing code stays valid."""
+    rate_limit_messages: int | None = Field(default=None, gt=0)
+    """Messages one sender may send per window; more start no turn. Unset: no limit."""
+    rate_limit_window_seconds: float = Field(default=60.0, gt=0)
+    """Length of a sender's rate-limit window, from its first message."""
 
     auto_continue_freshness_seconds: int = Field(default=3600, ge=0)
     """At start-up, re-run unanswered messages younger than this; expire older ones."""
@@ -108,6 +131,10 @@ class Settings(BaseSettings):
     """Accepted messages waiting for a worker before the bot answers "busy"."""
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     """How long a shutdown waits for turns in flight."""
+    stream_replies: bool = True
+    """Show answers while they are written: drafts in Telegram private chats, tokens
+    in the console (groups and WhatsApp show typing). The final reply is sent once,
+    through the ledger, either way."""
 
     agents_module: str | None = None
     """Importable module exposing ``starting_agent``; unset: the project's ``agents/``
@@ -124,10 +151,25 @@ class Settings(BaseSettings):
             return frozenset(part.strip() for part in value.split(",") if part.strip())
         return value
 
+    @field_validator("access_mode", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("console_token")
+    @classmethod
+    def _check_console_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < CONSOLE_TOKEN_MIN_LENGTH:
+            raise ValueError(
+                f"must be at least {CONSOLE_TOKEN_MIN_LENGTH} characters "
+                "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        return value
 
     @field_validator("database_url")
     @classmethod
@@ -148,7 +190,25 @@ class Settings(BaseSettings):
             raise ValueError("WHATSAPP_VERIFY_TOKEN is required when WHATSAPP_PHONE_ID is set")
         if self.telegram_webhook_url and not self.telegram_webhook_secret:
             raise ValueError("TELEGRAM_WEBHOOK_SECRET is required when TELEGRAM_WEBHOOK_URL is set")
+        listed = bool(self.allowed_users or self.allowed_chats)
+        if "access_mode" in self.model_fields_set:
+            if self.access_mode == "open" and listed:
+                raise ValueError(
+                    "ACCESS_MODE=open would ignore ALLOWED_USERS/ALLOWED_CHATS: "
+                    "use allowlist or pairing, or unset the lists"
+                )
+            if self.access_mode == "allowlist" and not listed:
+                raise ValueError("ACCESS_MODE=allowlist needs ALLOWED_USERS or ALLOWED_CHATS")
         return self
+
+    @property
+    def effective_access_mode(self) -> Literal["open", "allowlist", "pairing"]:
+        """``ACCESS_MODE``, or ``allowlist`` when it is unset and an allow list is set."""
+        if "access_mode" not in self.model_fields_set and (
+            self.allowed_users or self.allowed_chats
+        ):
+            return "allowlist"
+        return self.access_mode
 
     @property
     def database_dialect(self) -> Literal["sqlite", "postgres"]:

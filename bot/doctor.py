@@ -11,6 +11,8 @@ import httpx
 from bot.agents_loader import load_agents
 from bot.app import open_store
 from bot.config import Settings
+from bot.core.mcp_lifecycle import servers_of
+from bot.core.mcp_servers import MCPServer
 from bot.core.models.routing import ModelSettings, default_model_name, route_model
 from bot.errors import ChatflowError
 
@@ -68,6 +70,28 @@ async def _check_models(settings: Settings, client: httpx.AsyncClient) -> list[C
     return results
 
 
+async def _check_mcp_server(server: MCPServer) -> CheckResult:
+    """Start the server, list its tools, close it: ``mcp <name>: <where>: N tools: ...``."""
+    name = f"mcp {server.name}"
+    try:
+        await server.connect()
+    except ChatflowError as exc:
+        optional = " (optional: the bot starts without it)" if server.optional else ""
+        reason = server.last_error or str(exc)
+        detail = f"{server.describe()}: failed to start: {reason}{optional}"
+        return CheckResult(name, server.optional, detail)
+    finally:
+        tools = [t.name for t in server.tools]
+        await server.close()
+    listed = ", ".join(tools) if tools else "none"
+    return CheckResult(name, True, f"{server.describe()}: {len(tools)} tools: {listed}")
+
+
+async def _check_mcp(settings: Settings) -> list[CheckResult]:
+    agents = load_agents(settings.agents_module).starting_agent.reachable_agents()
+    return [await _check_mcp_server(server) for server in servers_of(agents)]
+
+
 async def _check_telegram(settings: Settings, client: httpx.AsyncClient) -> CheckResult:
     assert settings.telegram_bot_token is not None
     token = settings.telegram_bot_token.get_secret_value()
@@ -111,6 +135,23 @@ async def _check_whatsapp(settings: Settings, client: httpx.AsyncClient) -> Chec
     return CheckResult("whatsapp", True, "phone number found")
 
 
+def _access(settings: Settings) -> CheckResult:
+    """``access: mode pairing (codes valid 86400 s); rate limit 20 messages / 60 s``."""
+    mode = settings.effective_access_mode
+    detail = f"mode {mode}"
+    if mode == "pairing":
+        detail += f" (codes valid {settings.pairing_code_ttl_seconds} s)"
+    if mode != "open":
+        lists = len(settings.allowed_users), len(settings.allowed_chats)
+        detail += f", {lists[0]} allowed users, {lists[1]} allowed chats"
+    limit = settings.rate_limit_messages
+    window = settings.rate_limit_window_seconds
+    detail += (
+        "; no rate limit" if limit is None else f"; rate limit {limit} messages / {window:g} s"
+    )
+    return CheckResult("access", True, detail)
+
+
 async def _guard(name: str, check: Callable[[], Awaitable[CheckResult]]) -> CheckResult:
     try:
         return await check()
@@ -120,13 +161,17 @@ async def _guard(name: str, check: Callable[[], Awaitable[CheckResult]]) -> Chec
 
 async def run_checks(settings: Settings) -> int:
     """Run every check, print one line each, return the process exit code."""
-    results = [CheckResult("settings", True, "loaded")]
+    results = [CheckResult("settings", True, "loaded"), _access(settings)]
     results.append(await _guard("database", lambda: _check_database(settings)))
     async with httpx.AsyncClient(timeout=TIMEOUT) as client:
         try:
             results.extend(await _check_models(settings, client))
         except ChatflowError as exc:
             results.append(CheckResult("agents", False, str(exc)))
+        try:
+            results.extend(await _check_mcp(settings))
+        except ChatflowError as exc:
+            results.append(CheckResult("mcp", False, str(exc)))
         if settings.telegram_enabled:
             results.append(await _guard("telegram", lambda: _check_telegram(settings, client)))
         if settings.whatsapp_enabled:

@@ -13,7 +13,9 @@ __all__ = [
     "ChatflowError",
     "ConfigurationError",
     "EmptyAnswerError",
+    "MCPServerError",
     "MaxToolRoundsError",
+    "MediaError",
     "ModelError",
     "PlatformError",
     "SchemaVersionError",
@@ -115,6 +117,27 @@ class PlatformError(ChatflowError):
         """Adapter name, e.g. ``"telegram"``."""
         self.code = code
         """The platform's own error code, when it gave one."""
+
+
+class MCPServerError(ChatflowError):
+    """An MCP server (the operator's tool server) could not be started or reached.
+
+    At start-up it stops the bot unless the server is optional; during a turn
+    the model gets an error tool result instead, so it never fails a turn.
+    """
+
+    def __init__(self, message: str, *, server: str, retryable: bool = True) -> None:
+        super().__init__(message, retryable=retryable)
+        self.server = server
+        """The server's name."""
+
+
+class MediaError(ChatflowError):
+    """A user's attachment cannot be used: too big, of a type we do not read,
+    unreadable (an encrypted or broken PDF, a 0-byte file), or its download failed.
+
+    The message is one line fit to show the user; it names no file.
+    """
 
 
 class StorageError(ChatflowError):

@@ -43,6 +43,18 @@ class Metrics:
             ["platform"],
             registry=r,
         )
+        self.rate_limited = Counter(
+            "chatflow_messages_rate_limited",
+            "Inbound messages stored but not answered: their sender was over the rate limit",
+            ["platform"],
+            registry=r,
+        )
+        self.pairing_requests = Counter(
+            "chatflow_pairing_requests",
+            "Messages from unknown senders answered with a pairing code",
+            ["platform"],
+            registry=r,
+        )
         self.turns = Counter(
             "chatflow_turns", "Turns finished, by outcome", ["outcome"], registry=r
         )

@@ -10,8 +10,11 @@ so an agent's tools, handoffs and rollback can be tested without a provider::
 
 ``FakeAdapter`` stands in for Telegram or WhatsApp in front of a ``Gateway``:
 ``deliver(make_event("hi"))`` hands it an inbound message, ``wait_for_sent``
-waits for the replies, and ``fail_next`` makes sends fail. Chatflow's own
-gateway tests use these same classes.
+waits for the replies, and ``fail_next`` makes sends fail. A photo or file:
+put its bytes in ``FakeAdapter.files`` under a file id and deliver
+``make_event("caption", media=[MediaAttachment("image", file_id=...)])``. Files a
+tool sent with the reply (``ToolOutput``) land in ``FakeAdapter.sent_files``. Chatflow's
+own gateway tests use these same classes.
 
 This module is imported on its own (``import bot`` does not load it).
 """
@@ -21,18 +24,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.routing import BaseRoute
 
-from bot.core.models.scripted import RecordedCall, ScriptedModel, ScriptExhaustedError, Step
-from bot.errors import PlatformError
+from bot.core.models.scripted import (
+    PartialAnswer,
+    RecordedCall,
+    ScriptedModel,
+    ScriptExhaustedError,
+    Step,
+)
+from bot.errors import MediaError, PlatformError
 from bot.gateway.contract import (
     ChatType,
     EventHandler,
+    MediaAttachment,
     MessageEvent,
+    OutgoingFile,
     PlatformAdapter,
     SendResult,
     SessionSource,
@@ -40,6 +51,8 @@ from bot.gateway.contract import (
 
 __all__ = [
     "FakeAdapter",
+    "MediaAttachment",
+    "PartialAnswer",
     "RecordedCall",
     "ScriptExhaustedError",
     "ScriptedModel",
@@ -82,6 +95,24 @@ class FakeAdapter(PlatformAdapter):
     """Errors the next sends raise, one each, e.g. ``transient()``."""
     typing: int = 0
     """How many times the gateway showed "typing"."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """Bytes ``fetch_media`` serves, by ``MediaAttachment.file_id``."""
+    fetched: list[str] = field(default_factory=list)
+    """File ids fetched, in order (a re-run that re-downloads shows up twice)."""
+    sent_ids: list[str] = field(default_factory=list)
+    """Platform message id answered for each send, in order (what a reply would quote)."""
+    sent_files: list[OutgoingFile] = field(default_factory=list)
+    """Every file sent after a reply's text (``send_attachments``), in order."""
+    fail_files: list[Exception] = field(default_factory=list)
+    """Errors the next ``send_attachments`` calls raise, one each."""
+    draft_seconds: float | None = None
+    """Seconds between drafts (``draft_interval``); ``None``: no drafts, as most platforms."""
+    drafts: list[str] = field(default_factory=list)
+    """Every draft shown (``send_draft``), in order; never a delivery."""
+    fail_drafts: list[Exception] = field(default_factory=list)
+    """Errors the next ``send_draft`` calls raise, one each (e.g. a flood-control 429)."""
+    draft_attempts: int = 0
+    """How many times ``send_draft`` was called, failures included."""
     _on_event: EventHandler | None = None
     _connected: bool = False
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -120,14 +151,50 @@ class FakeAdapter(PlatformAdapter):
         """Record the message, or raise the next error of ``fail_next``."""
         if self.fail_next:
             raise self.fail_next.pop(0)
+        message_id = f"out-{next(_ids)}"
         async with self._changed:
             self.sent.append(Sent(chat_id, text, thread_id, reply_to))
+            self.sent_ids.append(message_id)
             self._changed.notify_all()
-        return SendResult(message_ids=[f"out-{next(_ids)}"])
+        return SendResult(message_ids=[message_id])
+
+    async def send_attachments(
+        self,
+        chat_id: str,
+        files: Sequence[OutgoingFile],
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """Record the files (one message id each), or raise the next error of ``fail_files``."""
+        if self.fail_files:
+            raise self.fail_files.pop(0)
+        async with self._changed:
+            self.sent_files.extend(files)
+            self._changed.notify_all()
+        return SendResult(message_ids=[f"out-{next(_ids)}" for _ in files])
 
     async def indicate_typing(self, event: MessageEvent) -> None:
         """Count the call."""
         self.typing += 1
+
+    def draft_interval(self, event: MessageEvent) -> float | None:
+        """``draft_seconds``."""
+        return self.draft_seconds
+
+    async def send_draft(self, event: MessageEvent, draft_id: int, text: str) -> None:
+        """Record the draft, or raise the next error of ``fail_drafts``."""
+        async with self._changed:
+            self.draft_attempts += 1
+            self._changed.notify_all()
+            if self.fail_drafts:
+                raise self.fail_drafts.pop(0)
+            self.drafts.append(text)
+
+    async def wait_for(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Wait until ``condition()`` holds, checked at each send, draft or draft attempt."""
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(condition), timeout)
 
     def format_reply(self, text: str, agent_name: str) -> str:
         """Return ``text`` unchanged."""
@@ -136,6 +203,16 @@ class FakeAdapter(PlatformAdapter):
     def routes(self) -> Sequence[BaseRoute]:
         """No HTTP routes."""
         return []
+
+    async def fetch_media(self, media: MediaAttachment, *, max_bytes: int) -> bytes:
+        """The bytes in ``files`` for ``media.file_id``; a missing id fails like a 404."""
+        self.fetched.append(media.file_id or "")
+        data = self.files.get(media.file_id or "")
+        if data is None:
+            raise PlatformError("file not found", platform=self.name, code=404)
+        if len(data) > max_bytes:
+            raise MediaError("Your file is too big for me.")
+        return data
 
     # A default deadline on purpose: a test whose reply never comes fails in
     # seconds with a TimeoutError instead of hanging until the suite's timeout.
@@ -162,6 +239,7 @@ def make_event(
     command: str | None = None,
     media_kind: str | None = None,
     sender_name: str | None = None,
+    media: Sequence[MediaAttachment] = (),
     **fields: Any,
 ) -> MessageEvent:
     """An inbound text event for ``FakeAdapter``; each call gets a fresh message id.
@@ -186,7 +264,8 @@ def make_event(
         text=text,
         mentions_bot=mentions_bot,
         command=command,
-        media_kind=media_kind,
+        media_kind=media_kind or (media[0].kind if media else None),
+        media=tuple(media),
     )
     return dataclasses.replace(event, **fields) if fields else event
 

@@ -12,10 +12,21 @@ MAX_LINES = 500
 
 # room -> import prefixes it must not use
 FORBIDDEN = {
-    "bot/core": ("bot.gateway", "bot.platforms", "bot.app", "bot.cli", "bot.config", "agents"),
-    "bot/gateway": ("bot.platforms", "bot.app", "bot.cli", "bot.doctor", "agents"),
-    "bot/platforms": ("bot.core", "bot.app", "bot.cli", "bot.config", "agents"),
-    "agents": ("bot.core", "bot.gateway", "bot.platforms", "bot.app"),
+    "bot/core": (
+        "bot.gateway",
+        "bot.platforms",
+        "bot.console",
+        "bot.app",
+        "bot.cli",
+        "bot.config",
+        "agents",
+    ),
+    "bot/gateway": ("bot.platforms", "bot.console", "bot.app", "bot.cli", "bot.doctor", "agents"),
+    "bot/platforms": ("bot.core", "bot.console", "bot.app", "bot.cli", "bot.config", "agents"),
+    # The console sits beside the gateway: it reads the stores and steers the
+    # gateway, and knows no platform and no operator agent.
+    "bot/console": ("bot.platforms", "bot.app", "bot.cli", "agents"),
+    "agents": ("bot.core", "bot.gateway", "bot.platforms", "bot.console", "bot.app"),
 }
 # what the adapters may use of the gateway: its port, nothing else
 PLATFORM_GATEWAY_ALLOWED = ("bot.gateway.contract",)

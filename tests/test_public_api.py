@@ -41,6 +41,27 @@ LIBRARY_NAMES = {
     "SchemaVersionError",
     "StorageError",
     "TurnError",
+    # DESIGN.md §3.8 "MCP": tool servers, spelled as in openai-agents.
+    "MCPServer",
+    "MCPServerStdio",
+    "MCPServerStreamableHttp",
+    "MCPServerError",
+    # DESIGN.md §3.8 "Media": message parts, and the error for an unusable attachment.
+    "TextPart",
+    "ImagePart",
+    "AudioPart",
+    "DocumentPart",
+    "LocationPart",
+    "ContactPart",
+    "MessagePart",
+    "MediaError",
+    # Media out: what a tool returns to send the user a photo or a file.
+    "Attachment",
+    "ToolOutput",
+    # Human takeover: the opt-in tool an agent offers to hand its chat to a person.
+    "transfer_to_human",
+    # Streaming: what Runner.run_async(stream=...) shows the answer to as it is written.
+    "ReplyStream",
 }
 
 

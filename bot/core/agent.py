@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.core.mcp_servers import MCPServer
+from bot.core.mcp_tools import MCPTool
 from bot.core.models.base import ToolSpec
 from bot.core.tools import FunctionTool, ToolContext, tool
 
@@ -102,6 +104,17 @@ class Agent:
     """Agents this one may transfer the conversation to."""
     handoff_description: str | None = None
     """What this agent is for, shown to agents that may hand off to it."""
+    mcp_servers: Sequence[MCPServer] = field(default_factory=tuple)
+    """MCP servers whose tools this agent offers beside its own (``MCPServerStdio``,
+    ``MCPServerStreamableHttp``); ``optional=True`` on a server lets the bot start
+    without it."""
+    vision: bool = True
+    """Whether this agent's model sees images. With ``False`` an image reaches it as a
+    line saying it cannot be seen, and the user is told so plainly."""
+    stream: bool = True
+    """Whether this agent's answers are shown as they are written (``STREAM_REPLIES``);
+    ``False`` waits for the whole answer (typing only), e.g. for a model that is
+    billed differently when streaming or an answer that must not be seen half-done."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -110,6 +123,7 @@ class Agent:
             item if isinstance(item, FunctionTool) else tool(item) for item in self.tools
         )
         self.handoffs = tuple(self.handoffs)
+        self.mcp_servers = tuple(self.mcp_servers)
         self.validate()
 
     def validate(self) -> None:
@@ -128,6 +142,12 @@ class Agent:
                 raise TypeError(
                     f"Agent {self.name!r}: handoffs must be Agent objects, "
                     f"got {type(target).__name__}"
+                )
+        for server in self.mcp_servers:
+            if not isinstance(server, MCPServer):
+                raise TypeError(
+                    f"Agent {self.name!r}: mcp_servers must be MCPServerStdio or "
+                    f"MCPServerStreamableHttp objects, got {type(server).__name__}"
                 )
         names: dict[str, str] = {}
         for item in self.function_tools:
@@ -159,6 +179,33 @@ class Agent:
                 return item
         return None
 
+    @property
+    def mcp_tools(self) -> tuple[MCPTool, ...]:
+        """The tools of this agent's MCP servers, as last listed.
+
+        A name already taken (a function tool, a handoff, an earlier server's
+        tool) is left out: at start-up that clash is an error (``bot.core.
+        mcp_lifecycle``), and a server that changes its tools later must not
+        shadow one the agent already has.
+        """
+        if not self.mcp_servers:
+            return ()  # the common case, on every model call
+        taken = {t.name for t in self.function_tools} | {h.name for h in self.handoff_tools}
+        tools: list[MCPTool] = []
+        for server in self.mcp_servers:
+            for item in server.tools:
+                if item.name not in taken:
+                    taken.add(item.name)
+                    tools.append(item)
+        return tuple(tools)
+
+    def find_mcp_tool(self, name: str) -> MCPTool | None:
+        """The MCP tool the model calls ``name``, if this agent's servers offer it."""
+        for item in self.mcp_tools:
+            if item.name == name:
+                return item
+        return None
+
     def find_handoff(self, name: str) -> HandoffTool | None:
         """The handoff tool called ``name``, if this agent has it."""
         for handoff in self.handoff_tools:
@@ -167,11 +214,12 @@ class Agent:
         return None
 
     def tool_specs(self) -> list[ToolSpec]:
-        """Every tool offered to the model for this agent: function tools, then handoffs."""
+        """Every tool offered to the model for this agent: function tools, MCP tools, handoffs."""
         specs = [
             ToolSpec(name=t.name, description=t.description, parameters=t.params_json_schema)
             for t in self.function_tools
         ]
+        specs.extend(t.spec() for t in self.mcp_tools)
         specs.extend(handoff.spec() for handoff in self.handoff_tools)
         return specs
 

@@ -5,11 +5,23 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Message", "Role", "ToolCall"]
+__all__ = [
+    "AudioPart",
+    "ContactPart",
+    "DocumentPart",
+    "ImagePart",
+    "LocationPart",
+    "MediaPart",
+    "Message",
+    "MessagePart",
+    "Role",
+    "TextPart",
+    "ToolCall",
+]
 
 
 class Role(StrEnum):
@@ -42,6 +54,88 @@ class ToolCall(BaseModel):
     """Decoded JSON arguments."""
 
 
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class TextPart(_Part):
+    """Extra text that came with a message (e.g. a second caption)."""
+
+    kind: Literal["text"] = "text"
+    text: str
+    """The text."""
+
+
+class _Stored(_Part):
+    """A part whose bytes live in the media store (``bot.core.media_store``), not in the row."""
+
+    sha256: str
+    """Content address of the bytes in ``DATA_DIR/media/``."""
+    mime_type: str
+    """MIME type as checked on arrival (``image/jpeg``, ``audio/ogg``...)."""
+    size: int
+    """Size in bytes."""
+    file_name: str | None = None
+    """The file name the sender gave, if any (never logged)."""
+
+
+class ImagePart(_Stored):
+    """A photo or image; vision models receive its bytes."""
+
+    kind: Literal["image"] = "image"
+
+
+class AudioPart(_Stored):
+    """A voice note or audio file, with its transcript."""
+
+    kind: Literal["audio"] = "audio"
+    voice: bool = False
+    """True for a voice note (recorded in the chat), False for an audio file."""
+    transcript: str | None = None
+    """What was said; ``None`` when it could not be transcribed."""
+
+
+class DocumentPart(_Stored):
+    """A file (PDF, text...), with the text extracted from it."""
+
+    kind: Literal["document"] = "document"
+    text: str | None = None
+    """Extracted text (truncated); ``None`` when none could be read."""
+    truncated: bool = False
+    """True when ``text`` was cut to the budget."""
+
+
+class LocationPart(_Part):
+    """A shared location or venue."""
+
+    kind: Literal["location"] = "location"
+    latitude: float
+    longitude: float
+    name: str | None = None
+    """Venue name, if any."""
+    address: str | None = None
+    """Venue address, if any."""
+
+
+class ContactPart(_Part):
+    """A shared contact card."""
+
+    kind: Literal["contact"] = "contact"
+    name: str
+    """Display name."""
+    phones: list[str] = Field(default_factory=list)
+    """Phone numbers as given."""
+
+
+MessagePart = Annotated[
+    TextPart | ImagePart | AudioPart | DocumentPart | LocationPart | ContactPart,
+    Field(discriminator="kind"),
+]
+"""One attachment of a message; ``kind`` tells which."""
+MediaPart = ImagePart | AudioPart | DocumentPart
+"""The parts whose bytes are in the media store."""
+
+
 class Message(BaseModel):
     """One entry of a conversation history. Round-trips through JSON."""
 
@@ -63,3 +157,6 @@ class Message(BaseModel):
     """Unique id of this message."""
     created_at: datetime = Field(default_factory=_now)
     """When it was created (UTC)."""
+    parts: list[MessagePart] = Field(default_factory=list)
+    """Attachments (USER messages): images, audio, documents, locations, contacts.
+    Rows written before parts existed load with none."""

@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
 from bot.core.agent import Agent, HandoffTool
+from bot.core.attachments import OutgoingPart, ToolFiles, ToolOutput
+from bot.core.mcp_lifecycle import check_tool_names, close_servers, connect_servers, servers_of
+from bot.core.mcp_servers import MCPServer
 from bot.core.memory import (
     BaseSessionStore,
     SessionContext,
@@ -28,7 +31,7 @@ from bot.core.memory import (
     log_session_id,
     require_transactional,
 )
-from bot.core.messages import Message, Role, ToolCall
+from bot.core.messages import ImagePart, Message, MessagePart, Role, ToolCall
 from bot.core.models.base import ChatModel, ModelResponse, Usage, current_agent_name
 from bot.core.models.routing import (
     ModelRouter,
@@ -36,7 +39,9 @@ from bot.core.models.routing import (
     ModelSettingsSource,
     default_model_name,
 )
-from bot.core.tools import ToolContext, error_result
+from bot.core.parts import NO_VISION_NOTE, without_images
+from bot.core.streaming import ReplyStream, ask_model
+from bot.core.tools import FunctionTool, ToolContext, error_result
 from bot.errors import ChatflowError, EmptyAnswerError, MaxToolRoundsError, TurnError
 
 __all__ = ["OnCommit", "RunResult", "Runner"]
@@ -60,6 +65,8 @@ class RunResult:
     """Messages this turn added: the user message, model answers, tool results."""
     usage: Usage = field(default_factory=Usage)
     """Tokens spent across every model call of the turn."""
+    attachments: list[OutgoingPart] = field(default_factory=list)
+    """Files the turn's tools returned (``ToolOutput``, bytes in the media store)."""
 
 
 OnCommit = Callable[[RunResult, Transaction], Awaitable[None]]
@@ -72,8 +79,10 @@ go on the database thread, and a hook that awaits anything else fails the turn."
 class Runner:
     """Runs turns for a graph of agents against a session store.
 
-    Use it as ``async with Runner(agent) as runner:`` to close its model clients
-    (and its own in-memory store) on the way out, or call ``aclose()``.
+    Use it as ``async with Runner(agent) as runner:``: it connects the agents'
+    MCP servers on the way in and closes them, its model clients (and its own
+    in-memory store) on the way out; or call ``connect_mcp_servers()`` and
+    ``aclose()``.
     """
 
     def __init__(
@@ -84,6 +93,7 @@ class Runner:
         model: ChatModel | None = None,
         max_tool_rounds: int = 10,
         model_settings: ModelSettings | ModelSettingsSource | None = None,
+        stream_replies: bool = True,
     ) -> None:
         """Collect every agent reachable through handoffs and resolve their models.
 
@@ -94,7 +104,7 @@ class Runner:
         (``ModelSettings.from_env()``), as the openai SDK does. Anything else
         (a dict, say) raises ``TypeError``. A model name that routes nowhere, or
         lacks its key, raises ``ConfigurationError`` here, before any message.
-        Two agents with one name raise ``ValueError``.
+        Two agents with one name raise ``ValueError``. ``stream_replies=False``: no streaming.
         """
         if max_tool_rounds < 0:
             raise ValueError("max_tool_rounds must be >= 0")
@@ -106,6 +116,7 @@ class Runner:
         )
         self.starting_agent = starting_agent
         self.max_tool_rounds = max_tool_rounds
+        self.stream_replies = stream_replies
         self._agents = self._collect(starting_agent)
         self._owns_store = session_store is None
         self.store: BaseSessionStore = (
@@ -115,6 +126,8 @@ class Runner:
         self._model_override = model
         self._router = ModelRouter(self._settings)
         self._models: dict[str, tuple[ChatModel, str]] = {}
+        settings = self._settings
+        self._tool_files = ToolFiles(settings.media_dir, max_bytes=settings.max_media_bytes)
         self.validate()
 
     @staticmethod
@@ -161,14 +174,41 @@ class Runner:
             models[agent.name] = self._router.resolve(name)
         self._models = models
 
+    @property
+    def mcp_servers(self) -> list[MCPServer]:
+        """Every distinct MCP server of the agents, in order of first use."""
+        return servers_of(self._agents.values())
+
+    async def connect_mcp_servers(self, within: float | None = None) -> None:
+        """Start every agent's MCP servers and list their tools, before any turn.
+
+        A required server that fails (or takes longer than ``within`` seconds, else its
+        own ``connect_timeout_seconds``) raises ``MCPServerError`` naming it; an
+        optional one is skipped with a warning. An MCP tool named like another
+        tool of its agent raises ``ConfigurationError`` naming both.
+        """
+        servers = self.mcp_servers
+        await connect_servers(servers, within)
+        try:
+            check_tool_names(self._agents.values())
+        except BaseException:
+            await close_servers(servers)
+            raise
+
+    async def close_mcp_servers(self) -> None:
+        """Close every MCP server (child processes stop); safe to call twice."""
+        await close_servers(self.mcp_servers)
+
     async def aclose(self) -> None:
-        """Close the model clients this runner made (and its own in-memory store)."""
+        """Close the MCP servers and the model clients this runner made (and its own store)."""
+        await self.close_mcp_servers()
         await self._router.aclose()
         if self._owns_store:
             await self.store.close()
 
     async def __aenter__(self) -> Self:
-        """Return the runner itself."""
+        """Connect the MCP servers (``connect_mcp_servers``) and return the runner."""
+        await self.connect_mcp_servers()
         return self
 
     async def __aexit__(
@@ -188,8 +228,15 @@ class Runner:
         *,
         on_commit: OnCommit | None = None,
         inbound_message_id: str | None = None,
+        parts: Sequence[MessagePart] = (),
+        stream: ReplyStream | None = None,
     ) -> RunResult:
         """Run one turn and commit it, or roll it back and raise a ``ChatflowError``.
+
+        ``stream`` is shown the answer as it is written (a preview, never a delivery).
+
+        ``parts`` (images, transcribed audio, documents...) join ``user_message``
+        in the one USER message of the turn.
 
         ``metadata`` is merged into the session's metadata as part of the turn.
         ``on_commit(result, transaction)`` runs inside the save's transaction
@@ -210,7 +257,9 @@ class Runner:
                 try:
                     if metadata:
                         session.metadata.update(metadata)
-                    result = await self._run_turn(session, user_message, inbound_message_id)
+                    result = await self._run_turn(
+                        session, user_message, inbound_message_id, parts, stream
+                    )
                     cancelled_after_commit = await self._save(session, result, on_commit)
                 except BaseException as exc:
                     session.rollback_to(checkpoint)
@@ -283,7 +332,12 @@ class Runner:
         return cancelled
 
     async def _run_turn(
-        self, session: SessionContext, user_message: str, inbound_message_id: str | None
+        self,
+        session: SessionContext,
+        user_message: str,
+        inbound_message_id: str | None,
+        parts: Sequence[MessagePart] = (),
+        stream: ReplyStream | None = None,
     ) -> RunResult:
         new_messages: list[Message] = []
 
@@ -291,12 +345,20 @@ class Runner:
             session.add_message(message)
             new_messages.append(message)
 
-        add(Message(role=Role.USER, content=user_message))
+        add(
+            Message(
+                role=Role.USER,
+                content=(user_message or None) if parts else user_message,
+                parts=list(parts),
+            )
+        )
+        has_image = any(isinstance(part, ImagePart) for part in parts)
+        attachments: list[OutgoingPart] = []
         usage = Usage()
         tool_rounds = 0
         while True:
             agent = session.active_agent
-            response = await self._call_model(session, agent)
+            response = await self._call_model(session, agent, stream)
             usage = usage + response.usage
             calls, invalid = _unique_ids(response.tool_calls, response.invalid_tool_calls)
             if not calls and not (response.content or "").strip():
@@ -316,19 +378,26 @@ class Runner:
                 )
             )
             if not calls:
+                content = response.content or ""
+                if has_image and not agent.vision:
+                    # Said plainly here, not left to a model that was never shown the image.
+                    content = f"{NO_VISION_NOTE}\n\n{content}"
                 return RunResult(
-                    content=response.content or "",
+                    content=content,
                     agent=agent.name,
                     session_id=session.session_id,
                     new_messages=new_messages,
                     usage=usage,
+                    attachments=attachments,
                 )
             tool_rounds += 1
             handed_off = False
             for call in calls:
-                text, target = await self._run_call(
+                output, target = await self._run_call(
                     session, agent, call, invalid.get(call.id), inbound_message_id, handed_off
                 )
+                text, files = await self._tool_files.keep(output)  # bytes to the media store
+                attachments.extend(files)
                 if target is not None:
                     handed_off = True
                     logger.info(
@@ -345,17 +414,23 @@ class Runner:
                         tool_call_id=call.id,
                         name=call.name,
                         agent=agent.name,
+                        parts=list(files),
                     )
                 )
 
-    async def _call_model(self, session: SessionContext, agent: Agent) -> ModelResponse:
+    async def _call_model(
+        self, session: SessionContext, agent: Agent, stream: ReplyStream | None
+    ) -> ModelResponse:
         model, model_name = self._models[agent.name]
         token = current_agent_name.set(agent.name)
         try:
-            return await model.complete(
+            return await ask_model(
+                model,
+                stream if agent.stream and self.stream_replies else None,
+                agent.name,
                 model=model_name,
                 system=agent.instructions,
-                messages=list(session.history),
+                messages=session.history if agent.vision else without_images(session.history),
                 tools=agent.tool_specs(),
             )
         finally:
@@ -369,8 +444,8 @@ class Runner:
         invalid_reason: str | None,
         inbound_message_id: str | None,
         handed_off: bool,
-    ) -> tuple[str, Agent | None]:
-        """Run one tool call; return the result text and the handoff target, if any."""
+    ) -> tuple[str | ToolOutput, Agent | None]:
+        """Run one tool call; return its result (text or ``ToolOutput``) and handoff target."""
         if invalid_reason is not None:
             return error_result(invalid_reason), None
         handoff = agent.find_handoff(call.name)
@@ -378,7 +453,7 @@ class Runner:
             return self._handoff(handoff, handed_off)
         if call.name.startswith("transfer_to_"):
             return error_result(f"no agent to transfer to for {call.name!r}"), None
-        function_tool = agent.find_tool(call.name)
+        function_tool = agent.find_tool(call.name) or agent.find_mcp_tool(call.name)
         if function_tool is None:
             return error_result(f"unknown tool {call.name!r}"), None
         context = ToolContext(
@@ -388,7 +463,8 @@ class Runner:
             agent_name=agent.name,
         )
         try:
-            return await function_tool.invoke(context, call.arguments), None
+            run = function_tool.run if isinstance(function_tool, FunctionTool) else None
+            return await (run or function_tool.invoke)(context, call.arguments), None
         except Exception as exc:  # invoke reports tool failures itself; this is a bug guard
             logger.warning("Tool %s invocation failed: %s", call.name, type(exc).__name__)
             return error_result(f"tool {call.name!r} failed"), None

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticSerializationError, to_json
 
 from bot.core._schema import build_json_schema
+from bot.core.attachments import ToolOutput
 
 __all__ = [
     "DEFAULT_TOOL_TIMEOUT",
@@ -147,8 +148,15 @@ class FunctionTool:
 
         Never raises for a tool's own failure: invalid arguments, an exception
         or a timeout become an ``{"error": ...}`` result for the model. Only
-        cancellation of the caller propagates.
+        cancellation of the caller propagates. A ``ToolOutput`` result gives its
+        text (``run`` keeps its attachments too).
         """
+        output = await self.run(ctx, arguments)
+        return output if isinstance(output, str) else output.text
+
+    async def run(self, ctx: ToolContext, arguments: Mapping[str, Any]) -> str | ToolOutput:
+        """``invoke``, but a ``ToolOutput`` the function returned comes back whole (the
+        Runner stores its attachments)."""
         try:
             parsed = self.args_model.model_validate(dict(arguments))
         except ValidationError as exc:
@@ -167,7 +175,7 @@ class FunctionTool:
             return self._failure(exc)
         except Exception as exc:
             return self._failure(exc)
-        return _serialise(value)
+        return value if isinstance(value, ToolOutput) else _serialise(value)
 
     def _failure(self, exc: Exception) -> str:
         logger.warning("Tool %s raised %s", self.name, type(exc).__name__)

@@ -11,14 +11,19 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from starlette.routing import BaseRoute
 
+from bot.errors import MediaError
+
 __all__ = [
     "ChatType",
     "EventHandler",
+    "MediaAttachment",
     "MessageEvent",
+    "OutgoingFile",
     "PlatformAdapter",
     "SendResult",
     "SessionSource",
@@ -59,6 +64,41 @@ def _now() -> datetime:
 
 
 @dataclass(frozen=True, slots=True)
+class MediaAttachment:
+    """What came attached to a message: a reference to fetch, never the bytes.
+
+    ``kind`` is ``image``, ``voice``, ``audio``, ``document``, ``location`` or
+    ``contact``. Files carry the platform's id (``file_id``: a Telegram
+    ``file_id`` or a WhatsApp media id, which outlives the short-lived URL);
+    locations and contacts carry their content. Sizes and MIME types are what
+    the platform *claims*: the gateway checks the bytes.
+    """
+
+    kind: str
+    """``image``, ``voice``, ``audio``, ``document``, ``location`` or ``contact``."""
+    file_id: str | None = None
+    """The platform's id to download the file by."""
+    unique_id: str | None = None
+    """A stable id of the file itself (Telegram ``file_unique_id``), if the platform has one."""
+    mime_type: str | None = None
+    """Claimed MIME type."""
+    size: int | None = None
+    """Claimed size in bytes."""
+    file_name: str | None = None
+    """The sender's file name (documents); never logged."""
+    latitude: float | None = None
+    """Locations: latitude."""
+    longitude: float | None = None
+    """Locations: longitude."""
+    title: str | None = None
+    """A venue's name, or a contact's display name."""
+    address: str | None = None
+    """A venue's address."""
+    phones: tuple[str, ...] = ()
+    """A contact's phone numbers."""
+
+
+@dataclass(frozen=True, slots=True)
 class MessageEvent:
     """One inbound message, normalised by an adapter."""
 
@@ -77,6 +117,11 @@ class MessageEvent:
     """Platform id of the message this one replies to, if it is a reply."""
     replies_to_bot: bool = False
     """True when it replies to one of the bot's own messages."""
+    reply_to_text: str | None = None
+    """What the replied-to message says, when the platform tells (Telegram: the
+    highlighted quote, else its text or caption, or its kind such as ``[photo]``)."""
+    reply_to_sender: str | None = None
+    """Display name of who wrote the replied-to message (not the bot), for the model."""
     mentions_bot: bool = False
     """True when it @mentions the bot (entity-based, not a substring)."""
     command: str | None = None
@@ -88,6 +133,8 @@ class MessageEvent:
     migrate_from_chat_id: str | None = None
     """Set on a notice that this chat replaced another (Telegram group -> supergroup);
     such an event carries no text and starts no turn."""
+    media: tuple[MediaAttachment, ...] = ()
+    """Attachments the gateway fetches after tx 1 and gives the turn (``text`` is the caption)."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """The platform payload, kept for adapters; never logged."""
 
@@ -113,6 +160,27 @@ class SendResult:
 
     message_ids: list[str] = field(default_factory=list)
     """Platform ids of the messages sent, one per part, in order."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingFile:
+    """A file to send after a reply's text (a tool's ``Attachment``, read back from the media
+    store). Its bytes and name are never logged."""
+
+    kind: Literal["image", "document"]
+    """``image``: a photo (Telegram ``sendPhoto``, WhatsApp image); ``document``: a file."""
+    data: bytes = field(repr=False)
+    """The bytes."""
+    mime_type: str
+    """Its MIME type (checked when the tool returned it)."""
+    file_name: str
+    """The name the user sees."""
+    path: Path | None = None
+    """Where it is stored (``DATA_DIR/media/...``), for channels that show a path."""
+
+    def describe(self) -> str:
+        """``photo "chart.png"`` / ``file "report.pdf"``: how a text-only channel names it."""
+        return f'{"photo" if self.kind == "image" else "file"} "{self.file_name}"'
 
 
 @runtime_checkable
@@ -168,6 +236,17 @@ class PlatformAdapter(Protocol):
         """Show that the bot is working on ``event``; called every few seconds."""
         return None
 
+    def draft_interval(self, event: MessageEvent) -> float | None:
+        """Seconds between draft updates while the answer to ``event`` is written, or
+        ``None`` (this default): its chat shows no drafts, only typing."""
+        return None
+
+    async def send_draft(self, event: MessageEvent, draft_id: int, text: str) -> None:
+        """Show ``text`` (already through ``format_reply``) as the answer to ``event``
+        being written: a preview that is never a delivery (``""``: a placeholder while
+        tools run). Raises ``PlatformError``, with ``retry_after`` on flood control."""
+        return None
+
     def format_reply(self, text: str, agent_name: str) -> str:
         """Present a reply before it is recorded and sent (the console shows ``[Agent]``);
         most adapters return ``text`` unchanged."""
@@ -176,3 +255,25 @@ class PlatformAdapter(Protocol):
     def routes(self) -> Sequence[BaseRoute]:
         """HTTP routes to mount on the bot's server (webhooks); may be empty."""
         return ()
+
+    async def send_attachments(
+        self,
+        chat_id: str,
+        files: Sequence[OutgoingFile],
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """Send ``files`` (one message each) right after a reply's text, with ``send``'s
+        errors. This default, for channels without files, sends one line naming them."""
+        names = ", ".join(f.describe() for f in files)
+        line = f"(Attached: {names}. This channel cannot show files.)"
+        return await self.send(chat_id, line, thread_id=thread_id, reply_to=reply_to)
+
+    async def fetch_media(self, media: MediaAttachment, *, max_bytes: int) -> bytes:
+        """The bytes of ``media`` (at most ``max_bytes``, else ``MediaError``).
+
+        ``MediaError`` for what the user must be told (too big, gone);
+        ``PlatformError`` for a failed request. Platforms without files keep this.
+        """
+        raise MediaError("I can't download files on this channel.")

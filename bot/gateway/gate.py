@@ -4,32 +4,71 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import replace
+from typing import Literal
 
 from bot.config import Settings
 from bot.gateway.aliases import ChatAliases
 from bot.gateway.contract import MessageEvent
 from bot.gateway.keys import build_session_key, session_id_for
+from bot.gateway.pairing import Pairing
 
-__all__ = ["Gate"]
+__all__ = ["Admission", "Gate"]
+
+Admission = Literal["serve", "pair", "ignore"]
+"""What the access mode says of a message: run it, answer with a pairing code, or drop it."""
 
 _KEYS_KEPT = 4096
 """Session keys remembered per origin: each costs two HMACs and a SHA-256 to build."""
 
 
 class Gate:
-    """The allow lists, group addressing and session keys (migrated chats followed)."""
+    """Access mode and allow lists, group addressing and session keys (migrated chats
+    followed)."""
 
-    def __init__(self, settings: Settings, aliases: ChatAliases, secret: bytes) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        aliases: ChatAliases,
+        secret: bytes,
+        *,
+        pairing: Pairing | None = None,
+    ) -> None:
         self._settings = settings
         self.aliases = aliases
         self._secret = secret
+        self.mode = settings.effective_access_mode
+        if self.mode == "pairing" and pairing is None:
+            raise ValueError("ACCESS_MODE=pairing needs the pairing tables")
+        self._pairing = pairing
         # (platform, chat, chat type, thread, sender) -> (session key, session id)
         self._keys: dict[tuple[str, str, str, str | None, str], tuple[str, str]] = {}
 
+    async def admit(self, event: MessageEvent) -> Admission:
+        """The access mode's verdict (``ACCESS_MODE``); before tx 1, so "ignore" stores nothing.
+
+        ``open`` serves everyone and ``allowlist`` the allow lists. ``pairing``
+        serves the allow lists and approved senders; another sender's DM is
+        answered with a code, and group messages of unknown senders are ignored
+        unless the group is in ``ALLOWED_CHATS``.
+        """
+        if self.mode == "open":
+            return "serve"
+        if self.allowed(event):
+            return "serve"
+        if self.mode == "allowlist":
+            return "ignore"
+        assert self._pairing is not None
+        source = event.source
+        if await self._pairing.is_approved(source.platform, source.sender_id):
+            return "serve"
+        return "pair" if source.chat_type == "dm" else "ignore"
+
     def allowed(self, event: MessageEvent) -> bool:
+        """Whether the allow lists let the event in (no list set: everyone, except in
+        pairing mode, where the lists only add to the approved senders)."""
         s = self._settings
         if not s.allowed_users and not s.allowed_chats:
-            return True
+            return self.mode != "pairing"
         return event.source.sender_id in s.allowed_users or self._chat_listed(
             event, s.allowed_chats
         )

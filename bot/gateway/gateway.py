@@ -26,6 +26,7 @@ from bot.config import Settings
 from bot.core.memory import TransactionalStore
 from bot.core.runner import Runner
 from bot.errors import ChatflowError, PlatformError
+from bot.gateway.access import AccessControl
 from bot.gateway.aliases import ChatAliases
 from bot.gateway.contract import PlatformAdapter
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
@@ -35,6 +36,7 @@ from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import log_ref
 from bot.gateway.ledger import DeliveryLedger, Obligation
+from bot.gateway.media_fetch import build_media_fetcher
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.replies import Replies
 from bot.gateway.turns import Turns
@@ -84,11 +86,10 @@ class Gateway:
             on_abandoned=lambda platform: self.metrics.abandoned.labels(platform).inc(),
         )
         self.aliases = ChatAliases(store)
-        self.gate = Gate(settings, self.aliases, secret)
         self._adapters = {a.name: a for a in adapters}
-        self.outbox = Outbox(
-            self.ledger, self._adapters, self.metrics, housekeeping=[self.inbox.prune]
-        )
+        media = build_media_fetcher(settings)
+        housekeeping = (self.inbox.prune, media.store.prune)
+        self.outbox = Outbox(self.ledger, self._adapters, self.metrics, housekeeping=housekeeping)
         self.turns = Turns(
             runner,
             store,
@@ -98,7 +99,10 @@ class Gateway:
             self._adapters,
             self.replies,
             self.metrics,
+            media=media,
         )
+        self.access = AccessControl(settings, self.turns, secret, self._queue_sends)
+        self.gate = Gate(settings, self.aliases, secret, pairing=self.access.pairing)
         # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
         # tx 1, since a message once accepted must be queued whatever happens.
         # Turns and owed replies share the per-session lanes: a reply owed from
@@ -151,6 +155,7 @@ class Gateway:
         await self.inbox.open()
         await self.ledger.open()
         await self.aliases.open()
+        await self.access.open()
         self._accepting = True
         for adapter in self._adapters.values():
             if adapter.on_status_failed is None:
@@ -229,6 +234,7 @@ class Gateway:
         # and must run once, from _early.
         early = {entry.event.message_id for entry in self._early}
         recovered = [entry for entry in left if entry.event.message_id not in early]
+        recovered = await self.access.rescreen(recovered, self.gate.admit)
         if recovered:
             logger.info("re-running %d messages accepted before the restart", len(recovered))
         # Any message left by a crash may be what caused it. They run one at a time,
@@ -331,10 +337,11 @@ class Gateway:
         if event.migrate_from_chat_id is not None:
             await self.aliases.record(platform, event.source.chat_id, event.migrate_from_chat_id)
             return False
-        if not self.gate.allowed(event) or not self.gate.addressed(event):
+        admission = await self.gate.admit(event) if self.gate.addressed(event) else "ignore"
+        if admission == "ignore":
             self.metrics.ignored.labels(platform).inc()
             return False
-        if not event.text.strip() and event.media_kind is None and event.command is None:
+        if not (event.text.strip() or event.media_kind or event.media or event.command):
             self.metrics.ignored.labels(platform).inc()
             return False
         if not self._has_room():
@@ -357,6 +364,8 @@ class Gateway:
                 received_at=event.timestamp,
                 attempts=0,
             )
+            if not await self.access.screen(entry, admission):
+                return True  # journaled and answered (or closed) without a turn
             if self._ready:
                 self._dispatcher.submit(session_id, event.message_id, entry)
             else:
@@ -464,6 +473,7 @@ class Gateway:
             self.settings.auto_continue_freshness_seconds,
             live_owners=live if live is not None else {self.inbox.owner},
         )
+        recovered = await self.access.rescreen(recovered, self.gate.admit)
         for entry in recovered:
             self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
         if recovered:

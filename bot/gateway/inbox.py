@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from bot.core.memory import Transaction, TransactionalStore, require_transactional
 from bot.errors import StorageError
@@ -318,6 +318,23 @@ class Inbox:
         # ran (not left by a crash) and logs the real count.
         logger.debug("%d message(s) whose turn never committed", len(entries))
         return entries
+
+    async def journaled_event(self, message_id: str) -> MessageEvent | None:
+        """The message journaled under ``message_id`` (without ``raw``), read only;
+        ``None`` when unknown, pruned after ``RETENTION`` or unreadable."""
+        await self._ensure_open()
+
+        async def body(tx: Transaction) -> tuple[Any, ...] | None:
+            sql = f"SELECT event_json FROM {_TABLE} WHERE message_id = ?"
+            return await tx.fetchone(sql, (message_id,))
+
+        row = await self._store.run(body, write=False)
+        if row is None:
+            return None
+        try:
+            return event_from_dict(json.loads(row[0]))
+        except (ValueError, TypeError, KeyError):
+            return None
 
     async def _give_up(self, tx: Transaction, message_id: str, reason: str, now: float) -> None:
         await tx.execute(

@@ -27,6 +27,7 @@ from bot.gateway.obligations import (
     TABLE,
     Obligation,
     OwedFields,
+    attachments_json,
     clip_error,
 )
 
@@ -68,9 +69,9 @@ class SendMarks(LedgerBase):
             f"INSERT INTO {TABLE} (obligation_id, session_key, session_id, platform, chat_id, "
             "thread_id, reply_to, message_ref, content, state, attempts, maybe_delivered, "
             "last_error, owner_pid, owner_instance, owner_started, next_attempt_at, sent_ids, "
-            "created_at, fresh_since, updated_at) "
+            "created_at, fresh_since, updated_at, attachments) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, NULL, NULL, "
-            "?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
+            "?, ?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
             (
                 o.obligation_id,
                 o.session_key,
@@ -89,6 +90,7 @@ class SendMarks(LedgerBase):
                 now,
                 now,
                 now,
+                attachments_json(o.attachments),
             ),
         )
         return inserted == 1

@@ -17,8 +17,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal, TypedDict, Unpack
+from typing import Any, Final, Literal, NotRequired, TypedDict, Unpack
 
+from pydantic import TypeAdapter
+
+from bot.core.attachments import OutgoingPart
 from bot.gateway.instances import Owner, from_epoch
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "Obligation",
     "ObligationState",
     "StoredRow",
+    "attachments_json",
     "clip_error",
     "compute_obligation_id",
     "decode_row",
@@ -64,11 +68,29 @@ RETRY_BACKOFF: Final[tuple[float, ...]] = (30.0, 120.0)
 _MAX_ERROR_LEN = 500
 
 
-def compute_obligation_id(session_key: str, message_ref: str, content: str) -> str:
+def compute_obligation_id(
+    session_key: str,
+    message_ref: str,
+    content: str,
+    attachments: Sequence[OutgoingPart] = (),
+) -> str:
     """Stable id: the same turn with the same content re-records idempotently,
-    while different threads of one chat never collide."""
+    while different threads of one chat never collide.
+
+    Attachments count by content hash; without any the id is DESIGN.md's
+    ``session_key|message_ref|content``, as for rows made before attachments."""
     payload = f"{session_key}|{message_ref}|{content}"
+    if attachments:
+        payload += "|" + ",".join(f"{a.kind}:{a.sha256}" for a in attachments)
     return hashlib.sha256(payload.encode("utf-8", "replace")).hexdigest()[:24]
+
+
+_ATTACHMENTS: Final = TypeAdapter(list[OutgoingPart])
+
+
+def attachments_json(attachments: Sequence[OutgoingPart]) -> str | None:
+    """The ``attachments`` column of a row: JSON references (never bytes), ``NULL`` for none."""
+    return _ATTACHMENTS.dump_json(list(attachments)).decode() if attachments else None
 
 
 def clip_error(error: str) -> str:
@@ -88,6 +110,7 @@ class OwedFields(TypedDict):
     reply_to: str | None
     content: str
     message_ref: str
+    attachments: NotRequired[tuple[OutgoingPart, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +151,8 @@ class Obligation:
     """When a failed row becomes due for a retry."""
     sent_ids: tuple[str, ...] = ()
     """Platform message ids of the delivered parts."""
+    attachments: tuple[OutgoingPart, ...] = ()
+    """Files sent after ``content`` (references into the media store), part of the reply."""
 
     @classmethod
     def owed(cls, **fields: Unpack[OwedFields]) -> Obligation:
@@ -194,12 +219,15 @@ MIGRATIONS: Final = {
         "PRIMARY KEY (platform, message_id))",
         f"CREATE INDEX IF NOT EXISTS {SENT_TABLE}_obligation ON {SENT_TABLE} (obligation_id)",
     ),
+    # 2: the files a reply carries (JSON references); rows before it have none (NULL).
+    2: (f"ALTER TABLE {TABLE} ADD COLUMN attachments TEXT",),
 }
 """Schema versions of the ledger's tables (component ``delivery_ledger``)."""
 COLUMNS: Final = (
     "obligation_id, session_key, session_id, platform, chat_id, thread_id, reply_to, "
     "content, state, attempts, last_error, created_at, maybe_delivered, message_ref, "
-    "next_attempt_at, sent_ids, owner_pid, owner_instance, owner_started, fresh_since"
+    "next_attempt_at, sent_ids, owner_pid, owner_instance, owner_started, fresh_since, "
+    "attachments"
 )
 """The columns ``decode_row`` reads, in its order."""
 
@@ -243,6 +271,7 @@ def decode_row(values: Sequence[Any]) -> StoredRow:
         owner_instance,
         owner_started,
         fresh_since,
+        attachments,
     ) = values
     obligation = Obligation(
         obligation_id=str(obligation_id),
@@ -262,6 +291,7 @@ def decode_row(values: Sequence[Any]) -> StoredRow:
         message_ref=str(message_ref),
         next_attempt_at=_moment(next_attempt_at),
         sent_ids=tuple(json.loads(sent_ids)) if sent_ids else (),
+        attachments=tuple(_ATTACHMENTS.validate_json(attachments)) if attachments else (),
     )
     owner = Owner(int(owner_pid), str(owner_instance), owner_started)
     return StoredRow(obligation, owner, float(fresh_since))

@@ -13,7 +13,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from bot.core.media_store import MediaStore
 from bot.errors import PlatformError
+from bot.gateway.attachments import send_reply
 from bot.gateway.contract import PlatformAdapter, StatusFailedHandler
 from bot.gateway.ledger import DeliveryLedger, Obligation
 from bot.metrics import Metrics
@@ -48,12 +50,16 @@ class Outbox:
         metrics: Metrics,
         *,
         housekeeping: Sequence[Callable[[], Awaitable[object]]] = (),
+        media: MediaStore | None = None,
     ) -> None:
-        """``housekeeping``: more prunes to run beside the ledger's (the inbox's)."""
+        """``housekeeping``: more prunes to run beside the ledger's (the inbox's).
+        ``media``: where the files replies carry are read from."""
         self.ledger = ledger
         self._adapters = adapters
         self.metrics = metrics
         self._housekeeping = tuple(housekeeping)
+        self.media = media
+        """The media store of reply attachments (``Turns`` sets the media step's)."""
 
     async def send(self, obligation: Obligation) -> None:
         """Send one owed reply the ledger holds as ``attempting`` for this process."""
@@ -75,12 +81,8 @@ class Outbox:
         if obligation.needs_marker:
             self.metrics.resends.labels(obligation.platform).inc()
         try:
-            result = await adapter.send(
-                obligation.chat_id,
-                obligation.outgoing_text,
-                thread_id=obligation.thread_id,
-                reply_to=obligation.reply_to,
-            )
+            # Text, then the files the reply carries (bot.gateway.attachments).
+            result = await send_reply(adapter, obligation, self.media)
         except PlatformError as exc:
             self.metrics.send_failures.labels(obligation.platform).inc()
             logger.warning(

@@ -16,8 +16,10 @@ class Replies:
         "Please try again in a moment."
     )
     """Sent when a turn fails after its retries; the conversation is left as it was."""
-    media_only: str = "Sorry, I can only read text messages for now. Could you type it out?"
-    """Sent for a photo, voice note, sticker... without a caption."""
+    media_only: str = (
+        "Sorry, I can't read that kind of message. Text, photos, voice notes and PDFs work."
+    )
+    """Sent for a video, sticker, poll... (a kind the bot does not read) without a caption."""
     too_long: str = "That message is too long for me. Could you shorten it or split it up?"
     """Sent for a text over ``MAX_INBOUND_CHARS``."""
     reset: str = "Done: I have forgotten this conversation. What can I do for you?"

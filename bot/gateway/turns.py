@@ -1,9 +1,16 @@
 """One inbound message, one committed turn (or a fixed answer), one owed reply.
 
+A message with attachments first goes through the media step (``MediaFetcher``:
+download, check, transcribe, read), still before tx 2; what could not be used
+is said at the start of the reply.
+
 The turn's reply is recorded in the turn's own transaction (tx 2), already
 claimed by this process, then handed to the ``Outbox``. A turn that fails is
 rolled back by the Runner and answered with the apology through the same
 path, so the user is never left in silence.
+
+A conversation under human takeover (``bot.gateway.takeover``) starts no
+turn: its message is kept in the history for the person who answers.
 """
 
 from __future__ import annotations
@@ -11,16 +18,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 
+from bot.core.attachments import OutgoingPart
+from bot.core.human_handoff import requested_human
 from bot.core.memory import Transaction, TransactionalStore
 from bot.core.runner import Runner, RunResult
 from bot.errors import ChatflowError
 from bot.gateway.contract import MessageEvent, PlatformAdapter
 from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
 from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
+from bot.gateway.media_fetch import MediaFetcher, PreparedMedia
 from bot.gateway.outbox import Outbox
 from bot.gateway.replies import Replies
+from bot.gateway.reply_context import reply_context, with_reply_context
+from bot.gateway.streaming import open_drafts, stop_drafts
+from bot.gateway.takeover import TakenOverError, Takeovers
 from bot.metrics import Metrics
 
 __all__ = ["MAX_INBOUND_CHARS", "TYPING_DELAY", "TYPING_INTERVAL", "Turns"]
@@ -49,6 +63,8 @@ class Turns:
         adapters: Mapping[str, PlatformAdapter],
         replies: Replies,
         metrics: Metrics,
+        media: MediaFetcher | None = None,
+        takeovers: Takeovers | None = None,
     ) -> None:
         self.runner = runner
         self.store = store
@@ -58,9 +74,19 @@ class Turns:
         self._adapters = adapters
         self.replies = replies
         self.metrics = metrics
+        self.media = media
+        if media is not None and outbox.media is None:
+            outbox.media = media.store  # replies' files are read back from the same store
+        # Read by the operator console too (bot.console): one copy per process.
+        self.takeovers = takeovers if takeovers is not None else Takeovers(store)
 
     async def process(self, entry: InboxEntry, *, alone: bool = False) -> None:
         event = entry.event
+        if await self.takeovers.is_taken_over(entry.session_id):
+            # A person answers here: journaled, kept in the history, no turn (also for
+            # messages queued or recovered from before the takeover began).
+            await self.takeovers.record_inbound(entry, self.inbox, self.runner.starting_agent)
+            return
         if entry.gave_up:
             # It crashed the process again and again while running alone: the user is
             # told, instead of being left without an answer (or crashing us forever).
@@ -79,27 +105,57 @@ class Turns:
             }[command]
             await self._answer_without_turn(entry, text)
             return
-        if not event.text.strip():
-            await self._answer_without_turn(entry, self.replies.media_only)
-            return
         if len(event.text) > MAX_INBOUND_CHARS:
             await self._answer_without_turn(entry, self.replies.too_long, error="message too long")
             return
+        if event.media:
+            # The media step: after tx 1, before the turn. A crash in it leaves the
+            # inbox row 'received', so the next start runs it again from the journal.
+            typing = _Typing(self._adapters.get(event.platform), event)
+            try:
+                prepared = await self._prepare_media(entry)
+            finally:
+                typing.stop()
+            if not event.text.strip() and not prepared.parts:
+                notice = " ".join(prepared.notices) or self.replies.media_only
+                await self._answer_without_turn(entry, notice)
+                return
+            await self._run_turn(entry, prepared)
+            return
+        if not event.text.strip():
+            await self._answer_without_turn(entry, self.replies.media_only)
+            return
         await self._run_turn(entry)
 
-    async def _run_turn(self, entry: InboxEntry) -> None:
+    async def _prepare_media(self, entry: InboxEntry) -> PreparedMedia:
+        if self.media is None:
+            return PreparedMedia(notices=(self.replies.media_only,))
+        return await self.media.prepare(entry.event, self._adapters.get(entry.event.platform))
+
+    async def _run_turn(self, entry: InboxEntry, media: PreparedMedia | None = None) -> None:
         event = entry.event
         adapter = self._adapters.get(event.platform)
         obligation: list[Obligation] = []
+        media = media or PreparedMedia()
+        handed: list[str] = []  # taken over in tx 2 (transfer_to_human)
+        began = time.time()
 
         async def commit(result: RunResult, tx: Transaction) -> None:
+            await self.takeovers.check_in(tx, entry.session_id, began)  # another process's
             content = result.content
+            if media.notices:
+                # What could not be used is said first, in the same reply (one obligation).
+                content = "\n".join(media.notices) + "\n\n" + content
             if adapter is not None:
                 content = adapter.format_reply(content, result.agent)
-            recorded = await self._record(tx, entry, content)
+            recorded = await self._record(tx, entry, content, files=result.attachments)
             if recorded is not None:
                 obligation.append(recorded)
             await self.inbox.mark_done_in(tx, event.message_id)
+            person = requested_human(result.new_messages)  # an opt-in agent tool
+            if person is not None:
+                await self.takeovers.take_over_in(tx, entry.session_id, person)
+                handed.append(entry.session_id)
 
         metadata = {
             "platform": event.platform,
@@ -108,15 +164,25 @@ class Turns:
             "inbound_message_id": event.message_id,
         }
         typing = _Typing(adapter, event)
+        drafts = open_drafts(adapter, event, self.runner.stream_replies)  # previews only
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            await self.runner.run_async(entry.session_id, event.text, metadata, on_commit=commit)
+            context = await reply_context(event, self.ledger, self.inbox)
+            text = with_reply_context(event.text, context)
+            await self.runner.run_async(
+                entry.session_id, text, metadata, on_commit=commit, parts=media.parts, stream=drafts
+            )
         except InboxClaimLostError:
             # Our lease lapsed and another process answers this message: nothing to send.
             logger.info("turn in session %s discarded: taken over elsewhere", entry.session_id)
             return
+        except TakenOverError:
+            stop_drafts(drafts)
+            await self.takeovers.record_inbound(entry, self.inbox, self.runner.starting_agent)
+            return
         except ChatflowError as exc:
+            stop_drafts(drafts)  # the apology supersedes a half-written draft
             self.metrics.turns.labels("failed").inc()
             logger.warning(
                 "turn failed in session %s (%s); sending an apology",
@@ -127,8 +193,12 @@ class Turns:
             return
         finally:
             typing.stop()
+            stop_drafts(drafts)  # before the final is sent: a draft never races it
             self.metrics.turn_duration.observe(loop.time() - started)
         self.metrics.turns.labels("ok").inc()
+        for session_id in handed:
+            self.takeovers.note(session_id)
+            logger.info("session %s handed to a person by its agent", session_id)
         for item in obligation:
             await self.outbox.send(item)
 
@@ -153,15 +223,42 @@ class Turns:
         if obligation is not None:
             await self.outbox.send(obligation)
 
-    async def _record(self, tx: Transaction, entry: InboxEntry, content: str) -> Obligation | None:
-        """Record the reply owed, claimed by this process (sent right after the commit).
+    async def close_in(
+        self, tx: Transaction, entry: InboxEntry, text: str | None, *, error: str
+    ) -> Obligation | None:
+        """Close ``entry``'s inbox row in ``tx`` without a turn, owing ``text`` if given.
+
+        The answer is recorded ``pending`` (not claimed): the caller queues it in
+        the conversation's lane, where it is claimed and sent like an adopted row.
+        """
+        await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
+        if text is None:
+            return None
+        adapter = self._adapters.get(entry.event.platform)
+        if adapter is not None:
+            text = adapter.format_reply(text, self.runner.starting_agent.name)
+        return await self._record(tx, entry, text, claimed=False)
+
+    async def _record(
+        self,
+        tx: Transaction,
+        entry: InboxEntry,
+        content: str,
+        *,
+        claimed: bool = True,
+        files: Sequence[OutgoingPart] = (),
+    ) -> Obligation | None:
+        """Record the reply owed, claimed by this process (sent right after the commit);
+        with ``claimed=False`` it is recorded ``pending``, for a lane to claim.
 
         ``None`` when the ledger already holds this very reply: its own row is
         delivered or on its way, so it is not sent again from here.
         """
         event = entry.event
         obligation = Obligation.owed(
-            obligation_id=compute_obligation_id(entry.session_key, event.message_id, content),
+            obligation_id=compute_obligation_id(
+                entry.session_key, event.message_id, content, files
+            ),
             session_key=entry.session_key,
             session_id=entry.session_id,
             platform=event.platform,
@@ -170,10 +267,11 @@ class Turns:
             reply_to=event.platform_message_id,
             content=content,
             message_ref=event.message_id,
+            attachments=tuple(files),
         )
-        if not await self.ledger.record_in(tx, obligation, claimed=True):
+        if not await self.ledger.record_in(tx, obligation, claimed=claimed):
             return None
-        return obligation.claimed()
+        return obligation.claimed() if claimed else obligation
 
 
 class _Typing:

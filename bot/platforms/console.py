@@ -15,6 +15,12 @@ after the gateway accepted the previous one, so events arrive in input order.
 Writes go through ``asyncio.to_thread`` so a slow reader at the far end of a
 pipe never stalls the event loop; they are serialised, so replies keep their
 order.
+
+Streaming (``STREAM_REPLIES``): the answer's drafts print its text as it
+arrives, and the final reply, sent through the ledger as always, completes
+that line instead of printing it again (a final that differs, e.g. the
+apology after a failure, starts a new line). A piped reader sees the same
+bytes as without streaming.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from bot.errors import PlatformError
 from bot.gateway.contract import (
     EventHandler,
     MessageEvent,
+    OutgoingFile,
     PlatformAdapter,
     SendResult,
     SessionSource,
@@ -43,6 +50,7 @@ from bot.platforms.text import split_text
 
 __all__ = [
     "CONSOLE_CHAT_ID",
+    "CONSOLE_DRAFT_INTERVAL",
     "CONSOLE_SENDER_ID",
     "PROMPT",
     "ConsoleAdapter",
@@ -54,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 CONSOLE_CHAT_ID = "local"
 """The one chat the console has."""
+CONSOLE_DRAFT_INTERVAL = 0.05
+"""Seconds between two draft writes: tokens show as they come, in few writes."""
 CONSOLE_SENDER_ID = "local-user"
 """The one person who types into the console."""
 PROMPT = "> "
@@ -132,6 +142,8 @@ class ConsoleAdapter(PlatformAdapter):
         self._write_lock = threading.Lock()
         self._prompt_pending = False
         self._sent = 0
+        self._live = ""  # the draft printed so far on the current line
+        self._epoch = 0  # bumped by each send: a draft write from before it is stale
 
     @property
     def is_connected(self) -> bool:
@@ -192,6 +204,7 @@ class ConsoleAdapter(PlatformAdapter):
         """
         parts = [text] if len(text) <= self.max_text_len else split_text(text, self.max_text_len)
         ids: list[str] = []
+        self._epoch += 1
         async with self._send_lock:
             for part in parts:
                 try:
@@ -205,12 +218,37 @@ class ConsoleAdapter(PlatformAdapter):
                 ids.append(str(self._sent))
         return SendResult(message_ids=ids)
 
+    async def send_attachments(
+        self,
+        chat_id: str,
+        files: Sequence[OutgoingFile],
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """Print where each file is saved (``DATA_DIR/media/...``): a terminal shows no files."""
+        lines = [f"[attached {f.describe()}: {f.path or 'not saved'}]" for f in files]
+        return await self.send(chat_id, "\n".join(lines))
+
     async def indicate_typing(self, event: MessageEvent) -> None:
         """Do nothing, on purpose: the user of a terminal sees the prompt come back
         only with the reply, and a printed "typing..." line would interleave with
         the conversation. It returns at once so the gateway's typing loop costs
         nothing here."""
         return None
+
+    def draft_interval(self, event: MessageEvent) -> float | None:
+        """The console prints every answer as it is written."""
+        return CONSOLE_DRAFT_INTERVAL
+
+    async def send_draft(self, event: MessageEvent, draft_id: int, text: str) -> None:
+        """Print what ``text`` adds to the draft already printed (a void draft: a new line)."""
+        try:
+            await asyncio.to_thread(self._write_draft, text, self._epoch)
+        except (OSError, ValueError) as exc:
+            raise PlatformError(
+                f"cannot write to the console: {type(exc).__name__}", platform=self.name
+            ) from exc
 
     def format_reply(self, text: str, agent_name: str) -> str:
         """Prefix the reply with the answering agent, so handoffs are visible."""
@@ -313,11 +351,28 @@ class ConsoleAdapter(PlatformAdapter):
     def _write_reply(self, text: str) -> None:
         """Write one reply; on a terminal, redraw the prompt the reply displaced."""
         with self._write_lock:
-            if self._prompt_pending:
+            live, self._live = self._live, ""
+            if live:  # the draft is on screen: finish its line, or leave it and start anew
+                rest = text[len(live) :] if text.startswith(live) else "\n" + text
+                self._output.write(rest + "\n" + (PROMPT if self._prompt_pending else ""))
+            elif self._prompt_pending:
                 self._output.write((_CLEAR_LINE if self._ansi else "\n") + text + "\n" + PROMPT)
             else:
                 self._output.write(text + "\n")
             self._output.flush()
+
+    def _write_draft(self, text: str, epoch: int) -> None:
+        with self._write_lock:
+            if epoch != self._epoch:
+                return  # the final reply was written meanwhile
+            live = self._live
+            out = text[len(live) :] if text.startswith(live) else "\n" + text
+            if not live and out and self._prompt_pending:
+                out = (_CLEAR_LINE if self._ansi else "\n") + out
+            self._live = text
+            if out:
+                self._output.write(out)
+                self._output.flush()
 
     def _write(self, text: str) -> None:
         with self._write_lock:

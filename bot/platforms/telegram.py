@@ -43,11 +43,26 @@ from telegram.constants import ChatAction
 from telegram.error import BadRequest, ChatMigrated
 
 from bot.errors import ConfigurationError, PlatformError
-from bot.gateway.contract import EventHandler, MessageEvent, PlatformAdapter, SendResult
-from bot.platforms.telegram_errors import log_failure, map_telegram_errors, redact, translate_error
+from bot.gateway.contract import (
+    EventHandler,
+    MediaAttachment,
+    MessageEvent,
+    PlatformAdapter,
+    SendResult,
+)
+from bot.platforms.telegram_drafts import TelegramDrafts
+from bot.platforms.telegram_errors import (
+    log_failure,
+    map_telegram_errors,
+    partly_sent,
+    redact,
+    translate_error,
+)
 from bot.platforms.telegram_mapping import GENERAL_TOPIC_ID, PLATFORM, map_update, migration_notice
+from bot.platforms.telegram_media import fetch_file
 from bot.platforms.telegram_polling import Backoff, TelegramPoller
 from bot.platforms.telegram_request import AppType, build_application
+from bot.platforms.telegram_send_media import TelegramFiles
 from bot.platforms.telegram_webhook import WEBHOOK_PATH, handle_webhook
 from bot.platforms.text import split_text, utf16_len
 
@@ -80,7 +95,7 @@ def _parse_reply_to(reply_to: str) -> int:
     return int(reply_to.rsplit(":", 1)[-1])
 
 
-class TelegramAdapter(PlatformAdapter):
+class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
     """The Telegram side of the gateway (see the module docstring).
 
     Mode: long polling unless ``webhook_url`` is set; then ``start`` registers
@@ -98,6 +113,7 @@ class TelegramAdapter(PlatformAdapter):
         token: str,
         *,
         base_url: str | None = None,
+        file_base_url: str | None = None,
         webhook_url: str | None = None,
         webhook_secret: str | None = None,
         allow_channels: bool = False,
@@ -138,6 +154,7 @@ class TelegramAdapter(PlatformAdapter):
         os.environ.setdefault("PTB_TIMEDELTA", "true")
         self._token = token.strip()
         self._base_url = base_url or DEFAULT_BASE_URL
+        self._file_base_url = file_base_url or None
         self._webhook_url = webhook_url or None
         self._webhook_secret = webhook_secret or None
         self._allow_channels = allow_channels
@@ -186,7 +203,9 @@ class TelegramAdapter(PlatformAdapter):
         async with self._lifecycle:
             if self._app is not None:
                 raise RuntimeError("TelegramAdapter is already started")
-            app = build_application(self._token, self._base_url, self._timeouts)
+            app = build_application(
+                self._token, self._base_url, self._timeouts, self._file_base_url
+            )
             try:
                 await self._initialize(app)
                 bot_user = app.bot.bot
@@ -399,14 +418,7 @@ class TelegramAdapter(PlatformAdapter):
                     error.ambiguous or bool(ids),
                 )
                 if ids:
-                    raise PlatformError(
-                        f"{error} (after {len(ids)} of {len(parts)} parts were sent)",
-                        platform=PLATFORM,
-                        retryable=error.retryable,
-                        retry_after=error.retry_after,
-                        ambiguous=True,
-                        code=error.code,
-                    ) from error
+                    raise partly_sent(error, len(ids), len(parts), "parts") from error
                 raise
             ids.append(str(sent.message_id))
         return SendResult(message_ids=ids)
@@ -453,6 +465,11 @@ class TelegramAdapter(PlatformAdapter):
         except Exception as exc:
             # The send itself goes on; the service message will carry the news too.
             log_failure(exc, "Telegram migration notice not accepted (%s)")
+
+    async def fetch_media(self, media: MediaAttachment, *, max_bytes: int) -> bytes:
+        """Download a user's file (``getFile`` and the file endpoint; see ``telegram_media``)."""
+        app = self._require_app()
+        return await fetch_file(app.bot, media, max_bytes=max_bytes, token=self._token)
 
     async def indicate_typing(self, event: MessageEvent) -> None:
         """Send the typing action to the event's chat (and topic); errors are ignored."""

@@ -36,7 +36,14 @@ from telegram.error import (
 from bot.errors import ChatflowError, PlatformError
 from bot.platforms.telegram_mapping import PLATFORM
 
-__all__ = ["REFUSED", "log_failure", "map_telegram_errors", "redact", "translate_error"]
+__all__ = [
+    "REFUSED",
+    "log_failure",
+    "map_telegram_errors",
+    "partly_sent",
+    "redact",
+    "translate_error",
+]
 
 # The adapter's logger: the split into modules does not rename what operators filter on.
 logger = logging.getLogger("bot.platforms.telegram")
@@ -131,3 +138,16 @@ def log_failure(exc: BaseException, msg: str, *args: object, level: int = loggin
     refused = isinstance(exc, ChatflowError)  # the gateway is busy or its storage failed
     logger.log(logging.WARNING if refused else level, msg, *args, type(exc).__name__)
     logger.debug("Telegram failure detail", exc_info=exc)
+
+
+def partly_sent(error: PlatformError, sent: int, total: int, what: str) -> PlatformError:
+    """``error`` after ``sent`` of ``total`` messages of one reply went out: ambiguous,
+    so the ledger resends the whole reply with the marker."""
+    return PlatformError(
+        f"{error} (after {sent} of {total} {what} were sent)",
+        platform=PLATFORM,
+        retryable=error.retryable,
+        retry_after=error.retry_after,
+        ambiguous=True,
+        code=error.code,
+    )

@@ -13,10 +13,10 @@ from typing import Any
 
 from telegram import Message, MessageEntity, Update
 
-from bot.gateway.contract import ChatType, MessageEvent, SessionSource
+from bot.gateway.contract import ChatType, MediaAttachment, MessageEvent, SessionSource
 from bot.platforms.text import utf16_len
 
-__all__ = ["GENERAL_TOPIC_ID", "PLATFORM", "map_update", "migration_notice"]
+__all__ = ["GENERAL_TOPIC_ID", "PLATFORM", "attachments", "map_update", "migration_notice"]
 
 PLATFORM = "telegram"
 """Adapter name on events, ledger rows and errors."""
@@ -71,6 +71,87 @@ def _media_kind(message: Message) -> str | None:
         if getattr(message, kind, None):
             return kind
     return None
+
+
+def attachments(message: Message) -> tuple[MediaAttachment, ...]:
+    """What the gateway can use of a message's media: references to fetch, or the content.
+
+    A photo comes in several sizes; the largest is taken (Telegram keeps photos
+    under 10 MB). Videos, stickers, polls and the like give nothing: the gateway
+    answers those with its text-only reply.
+    """
+    if message.photo:
+        size = message.photo[-1]
+        return (
+            MediaAttachment(
+                "image",
+                file_id=size.file_id,
+                unique_id=size.file_unique_id,
+                mime_type="image/jpeg",  # Telegram re-encodes every photo as JPEG
+                size=size.file_size,
+            ),
+        )
+    for kind, item in (("voice", message.voice), ("audio", message.audio)):
+        if item is not None:
+            return (
+                MediaAttachment(
+                    kind,
+                    file_id=item.file_id,
+                    unique_id=item.file_unique_id,
+                    mime_type=item.mime_type or ("audio/ogg" if kind == "voice" else None),
+                    size=item.file_size,
+                    file_name=getattr(item, "file_name", None),
+                ),
+            )
+    if message.document is not None and message.animation is None:
+        document = message.document
+        return (
+            MediaAttachment(
+                "document",
+                file_id=document.file_id,
+                unique_id=document.file_unique_id,
+                mime_type=document.mime_type,
+                size=document.file_size,
+                file_name=document.file_name,
+            ),
+        )
+    if message.venue is not None:
+        venue = message.venue
+        return (
+            MediaAttachment(
+                "location",
+                latitude=venue.location.latitude,
+                longitude=venue.location.longitude,
+                title=venue.title,
+                address=venue.address,
+            ),
+        )
+    if message.location is not None:
+        return (
+            MediaAttachment(
+                "location",
+                latitude=message.location.latitude,
+                longitude=message.location.longitude,
+            ),
+        )
+    if message.contact is not None:
+        contact = message.contact
+        name = " ".join(x for x in (contact.first_name, contact.last_name) if x)
+        return (MediaAttachment("contact", title=name, phones=(contact.phone_number,)),)
+    return ()
+
+
+def _quoted(message: Message, reply: Message) -> str | None:
+    """What a reply quotes: the highlighted part (Bot API 7.0 ``quote``), else the
+    replied message's text or caption, with its medium named (never downloaded again)."""
+    if message.quote is not None and message.quote.text:
+        return message.quote.text
+    words = reply.text or reply.caption or ""
+    kind = _media_kind(reply)
+    if kind is not None:
+        label = {"photo": "photo", "voice": "voice note", "document": "file"}.get(kind, kind)
+        words = f"[{label}] {words}".strip()
+    return words or None
 
 
 def _chat_type(raw_type: str) -> ChatType | None:
@@ -185,6 +266,8 @@ def map_update(
     media_kind = _media_kind(message)
     if not text and media_kind is None:
         return None  # service message: members joined, title changed, pinned...
+    if not text and media_kind == "sticker" and chat_type != "dm":
+        return None  # a bare sticker in a group is chatter: ignored, not apologised for
 
     username = "@" + bot_username.lower()
     mentions_bot = False
@@ -216,6 +299,10 @@ def map_update(
         # In a forum every topic message "replies" to the topic's creation notice.
         reply = None
     replies_to_bot = bool(reply and reply.from_user and reply.from_user.id == bot_id)
+    reply_sender = None
+    if reply is not None and not replies_to_bot:
+        author = reply.from_user
+        reply_sender = author.full_name if author is not None else None
 
     chat_name = chat.full_name if chat_type == "dm" else chat.title
     return MessageEvent(
@@ -234,10 +321,13 @@ def map_update(
         platform_message_id=str(message.message_id),
         reply_to_id=str(reply.message_id) if reply is not None else None,
         replies_to_bot=replies_to_bot,
+        reply_to_text=_quoted(message, reply) if reply is not None else None,
+        reply_to_sender=reply_sender,
         mentions_bot=mentions_bot,
         command=command,
         media_kind=media_kind,
         timestamp=message.date,
+        media=attachments(message),
         raw=raw,
     )
 

@@ -26,11 +26,16 @@ AppType = Application[Any, Any, Any, Any, Any, Any]
 """PTB's ``Application`` with the default context types the adapter uses."""
 
 
+_EXEMPT = frozenset({"sendChatAction", "sendMessageDraft"})
+
+
 class _TypingExemptRateLimiter(AIORateLimiter):
-    """PTB's limiter, minus chat actions.
+    """PTB's limiter, minus chat actions and drafts.
 
     Typing is refreshed every few seconds; counted against the 20 messages per
-    minute of a group it would starve the replies it announces.
+    minute of a group it would starve the replies it announces. Drafts (about one
+    a second per private chat) would queue the final replies behind them; their
+    own flood control is a 429 that pauses them (``bot.gateway.streaming``).
     """
 
     async def process_request(
@@ -42,7 +47,7 @@ class _TypingExemptRateLimiter(AIORateLimiter):
         data: dict[str, Any],
         rate_limit_args: int | None,
     ) -> bool | dict[str, Any] | list[dict[str, Any]]:
-        if endpoint == "sendChatAction":
+        if endpoint in _EXEMPT:
             return await callback(*args, **kwargs)
         return await super().process_request(
             callback, args, kwargs, endpoint, data, rate_limit_args
@@ -126,18 +131,22 @@ def _file_url_for(base_url: str) -> str:
 
 
 def build_application(
-    token: str, base_url: str, timeouts: tuple[float, float, float, float]
+    token: str,
+    base_url: str,
+    timeouts: tuple[float, float, float, float],
+    file_base_url: str | None = None,
 ) -> AppType:
     """A PTB ``Application`` without an ``Updater``, with both tweaks installed.
 
-    ``timeouts`` are (connect, read, write, pool) seconds for every request.
+    ``timeouts`` are (connect, read, write, pool) seconds for every request;
+    ``file_base_url`` is where files are downloaded (else derived from ``base_url``).
     """
     connect, read, write, pool = timeouts
     builder = (
         ApplicationBuilder()
         .token(token)
         .base_url(base_url)
-        .base_file_url(_file_url_for(base_url))
+        .base_file_url(file_base_url or _file_url_for(base_url))
         .updater(None)
         .rate_limiter(_TypingExemptRateLimiter(max_retries=0))
         .connect_timeout(connect)

@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +46,7 @@ from starlette.routing import BaseRoute, Route
 from bot.errors import ChatflowError, ConfigurationError, PlatformError
 from bot.gateway.contract import (
     EventHandler,
+    MediaAttachment,
     MessageEvent,
     PlatformAdapter,
     SendResult,
@@ -53,6 +55,7 @@ from bot.gateway.contract import (
 from bot.logs import log_ref
 from bot.platforms.text import split_text
 from bot.platforms.whatsapp_errors import RETRYABLE_CODES, api_error, transport_error
+from bot.platforms.whatsapp_media import fetch_media
 from bot.platforms.whatsapp_payload import (
     PLATFORM,
     WEBHOOK_OBJECT,
@@ -60,6 +63,7 @@ from bot.platforms.whatsapp_payload import (
     is_group_chat_id,
     parse_webhook,
 )
+from bot.platforms.whatsapp_send_media import WhatsAppFiles
 
 __all__ = [
     "DEFAULT_API_VERSION",
@@ -86,6 +90,7 @@ MAX_BODY_BYTES = 3 * 1024 * 1024
 _SIGNATURE_HEADER = "x-hub-signature-256"
 _SENT_IDS_KEPT = 10_000
 _TYPED_IDS_KEPT = 10_000
+_TYPING_REFRESH_SECONDS = 20.0  # the indicator lasts 25 s: a longer turn shows it again
 
 
 class _BoundedSet:
@@ -115,7 +120,7 @@ class _BodyTooLarge(Exception):
     pass
 
 
-class WhatsAppAdapter(PlatformAdapter):
+class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
     """WhatsApp Cloud API as a ``PlatformAdapter``.
 
     ``on_status_failed`` may be set by the gateway to learn about ``failed``
@@ -157,6 +162,7 @@ class WhatsAppAdapter(PlatformAdapter):
         # wamids we sent: an inbound reply quoting one is a reply to the bot.
         self._sent_ids = _BoundedSet(_SENT_IDS_KEPT)
         self._typed_ids = _BoundedSet(_TYPED_IDS_KEPT)
+        self._clock = time.monotonic  # a test seam for the typing refresh
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -430,16 +436,27 @@ class WhatsAppAdapter(PlatformAdapter):
         """WhatsApp shows replies as they are: ``text`` unchanged."""
         return text
 
+    async def fetch_media(self, media: MediaAttachment, *, max_bytes: int) -> bytes:
+        """Download a user's file by its media id (see ``whatsapp_media``)."""
+        if self._wa is None:
+            raise PlatformError(
+                "WhatsApp adapter is not started", platform=PLATFORM, retryable=True
+            )
+        return await fetch_media(self._wa, media, max_bytes=max_bytes)
+
     # -- typing ----------------------------------------------------------------------------
 
     async def indicate_typing(self, event: MessageEvent) -> None:
-        """Mark ``event`` read with a typing indicator, once per event.
+        """Mark ``event`` read with a typing indicator, once per event and 20 s.
 
         WhatsApp's indicator lasts 25 s or until we reply, and every call also
-        re-marks the message read, so repeats are skipped. Errors are swallowed.
+        re-marks the message read, so repeats are skipped; a turn still running
+        20 s on shows it again (the gateway calls every 4 s: no gap). Errors are
+        swallowed.
         """
         wa = self._wa
-        if wa is None or not self._typed_ids.add(event.message_id):
+        window = int(self._clock() // _TYPING_REFRESH_SECONDS)
+        if wa is None or not self._typed_ids.add(f"{event.message_id}#{window}"):
             return
         try:
             await wa.indicate_typing(event.message_id)

@@ -21,7 +21,7 @@ from typing import Any
 
 from pywa.types.others import MessageType
 
-from bot.gateway.contract import ChatType, MessageEvent, SessionSource
+from bot.gateway.contract import ChatType, MediaAttachment, MessageEvent, SessionSource
 from bot.logs import log_ref
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "WEBHOOK_OBJECT",
     "FailedStatus",
     "WebhookBatch",
+    "attachments",
     "digits",
     "is_group_chat_id",
     "parse_timestamp",
@@ -57,7 +58,9 @@ MEDIA_TYPES: frozenset[str] = frozenset(
         MessageType.ORDER.value,
     }
 )
-"""Message types that reach the gateway with ``media_kind`` set (it answers text-only)."""
+"""Message types that reach the gateway with ``media_kind`` set; images, audio, documents,
+locations and contacts also carry ``media`` (``attachments``), the others get the
+text-only answer."""
 
 IGNORED_TYPES: frozenset[str] = frozenset(
     {
@@ -254,6 +257,59 @@ def _content(message: dict[str, Any], typ: str) -> tuple[str, str | None] | None
     return ("", "unsupported")
 
 
+def _number(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def attachments(message: dict[str, Any], typ: str) -> tuple[MediaAttachment, ...]:
+    """The media of one WhatsApp message: a media id to fetch (it outlives the URL
+    Meta gives for it), or a location's or contact card's content."""
+    body = _dict(message.get(typ))
+    if typ in (MessageType.IMAGE.value, MessageType.AUDIO.value, MessageType.DOCUMENT.value):
+        media_id = _str(body.get("id"))
+        if media_id is None:
+            return ()
+        kind = {"image": "image", "audio": "audio", "document": "document"}[typ]
+        if typ == MessageType.AUDIO.value and body.get("voice") is True:
+            kind = "voice"
+        size = body.get("file_size")
+        return (
+            MediaAttachment(
+                kind,
+                file_id=media_id,
+                mime_type=_str(body.get("mime_type")),
+                size=size if isinstance(size, int) and not isinstance(size, bool) else None,
+                file_name=_str(body.get("filename")),
+            ),
+        )
+    if typ == MessageType.LOCATION.value:
+        latitude, longitude = _number(body.get("latitude")), _number(body.get("longitude"))
+        if latitude is None or longitude is None:
+            return ()
+        return (
+            MediaAttachment(
+                "location",
+                latitude=latitude,
+                longitude=longitude,
+                title=_str(body.get("name")),
+                address=_str(body.get("address")),
+            ),
+        )
+    if typ == MessageType.CONTACTS.value:
+        cards = []
+        for contact in _dicts(message.get(typ)):
+            name = _dict(contact.get("name"))
+            title = _str(name.get("formatted_name")) or _str(name.get("first_name")) or ""
+            phones = tuple(
+                phone for p in _dicts(contact.get("phones")) if (phone := _str(p.get("phone")))
+            )
+            cards.append(MediaAttachment("contact", title=title, phones=phones))
+        return tuple(cards)
+    return ()
+
+
 def _parse_message(
     message: dict[str, Any],
     contacts: list[dict[str, Any]],
@@ -276,6 +332,8 @@ def _parse_message(
         )
         return None
     text, media_kind = content
+    if media_kind == MessageType.STICKER.value and message.get("group_id") is not None:
+        return None  # a bare sticker in a group is chatter: ignored, not apologised for
 
     sender_hint = _str(message.get("from")) or _str(message.get("from_user_id"))
     contact = _find_contact(contacts, sender_hint)
@@ -328,6 +386,7 @@ def _parse_message(
         command=command,
         media_kind=media_kind,
         timestamp=parse_timestamp(message.get("timestamp")),
+        media=attachments(message, typ),
         raw={
             "message": message,
             "contact": contact,

@@ -62,6 +62,17 @@ def test_from_env_refuses_a_bad_timeout_naming_it(value: str) -> None:
     assert info.value.setting == "MODEL_TIMEOUT_SECONDS"
 
 
+@pytest.mark.parametrize("value", ["big", "0", "-5"], ids=["word", "zero", "negative"])
+def test_from_env_refuses_a_bad_media_limit_naming_it(value: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ModelSettings.from_env({"MAX_MEDIA_BYTES": value})
+    assert info.value.setting == "MAX_MEDIA_BYTES"
+
+
+def test_from_env_reads_the_media_limit() -> None:
+    assert ModelSettings.from_env({"MAX_MEDIA_BYTES": "1000"}).max_media_bytes == 1000
+
+
 def test_keys_never_appear_in_repr_or_str(caplog: pytest.LogCaptureFixture) -> None:
     settings = ModelSettings.from_env(ALL)
     logging.getLogger("test").warning("settings: %s", settings)

@@ -5,7 +5,21 @@ loop, answers from a script (text, tool calls, HTTP errors, malformed bodies,
 answers held until an ``asyncio.Event`` is set) and records every request.
 Like OpenAI it refuses (HTTP 400) a conversation with an orphan: a ``tool``
 message that does not answer a tool call of the assistant message right
-before it, or an assistant tool call left without its ``tool`` result.
+before it, or an assistant tool call left without its ``tool`` result, and a
+user content part that is not ``text`` or an ``image_url`` with a real
+base64 data URL (``RecordedRequest.images`` decodes them).
+
+A request with ``"stream": true`` gets its scripted completion as server-sent
+events (``chat.completion.chunk``): the text in pieces of ``chunk_chars``
+characters, each tool call as a first delta (id, name) and then its arguments
+in pieces, a usage chunk and ``[DONE]``, ``chunk_delay`` seconds apart (else
+the server's ``stream_delay``); ``break_after`` ends the stream after that many
+pieces with an error event instead. ``RecordedRequest.chunk_times`` says when
+each piece left.
+
+``POST /v1/audio/transcriptions`` takes OpenAI's multipart form (``file`` and
+``model`` fields, as the SDK sends them) and answers ``{"text": ...}`` from
+``transcripts`` (the audio bytes' answers, in order) or ``transcript_for``.
 
     async with FakeOpenAIServer() as server:
         server.add(server.reply("hello"))
@@ -15,13 +29,15 @@ before it, or an assistant tool call left without its ``tool`` result.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import itertools
 import json
 import re
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -29,7 +45,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 __all__ = [
@@ -59,6 +75,13 @@ class RecordedRequest:
     """HTTP status the server answered."""
     received_at: float = field(default_factory=time.monotonic)
     """``time.monotonic()`` when the request arrived."""
+    chunk_times: list[float] = field(default_factory=list)
+    """``time.monotonic()`` of each streamed piece sent (streamed requests only)."""
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the client asked for a stream (``"stream": true``)."""
+        return isinstance(self.body, dict) and self.body.get("stream") is True
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -79,6 +102,21 @@ class RecordedRequest:
         """Roles of the messages, in order."""
         return [m.get("role", "?") for m in self.messages]
 
+    @property
+    def images(self) -> list[tuple[str, bytes]]:
+        """``(mime type, bytes)`` of every ``image_url`` data URL in the request."""
+        found: list[tuple[str, bytes]] = []
+        for message in self.messages:
+            content = message.get("content")
+            if not isinstance(content, list):
+                continue
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    decoded = _decode_data_url(str(part["image_url"]["url"]))
+                    if decoded is not None:
+                        found.append(decoded)
+        return found
+
 
 @dataclass
 class FakeResponse:
@@ -96,12 +134,57 @@ class FakeResponse:
     """If set, the answer waits until this event is set."""
     delay: float = 0.0
     """Seconds to wait before answering (a slow model)."""
+    chunk_chars: int = 6
+    """Streamed answers: characters of text (or arguments) per chunk."""
+    chunk_delay: float | None = None
+    """Streamed answers: seconds between chunks (``None``: the server's ``stream_delay``)."""
+    break_after: int | None = None
+    """Streamed answers: after this many chunks send an error event and stop."""
 
 
 def _error_body(
     message: str, *, err_type: str, code: str | None = None, param: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+_DATA_URL_RE = re.compile(r"data:(image/[a-z0-9.+-]+);base64,([A-Za-z0-9+/=]+)")
+
+
+def _decode_data_url(url: str) -> tuple[str, bytes] | None:
+    found = _DATA_URL_RE.fullmatch(url)
+    if found is None:
+        return None
+    try:
+        return found.group(1), base64.b64decode(found.group(2), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _content_parts_problem(index: int, role: str, content: list[Any]) -> str | None:
+    """OpenAI's checks on a list ``content``: text parts, and image parts for users only."""
+    if not content:
+        return f"messages.[{index}].content: an array must not be empty"
+    for number, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        where = f"messages.[{index}].content.[{number}]"
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                return f"{where}.text must be a string"
+        elif kind == "image_url" and role == "user":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else None
+            if not isinstance(url, str):
+                return f"{where}.image_url.url is required"
+            if url.startswith("data:"):
+                decoded = _decode_data_url(url)
+                if decoded is None or not decoded[1]:
+                    return f"{where}: invalid image data URL"
+            elif not url.startswith(("http://", "https://")):
+                return f"{where}: image_url must be a URL or a base64 data URL"
+        else:
+            return f"{where}: invalid content part type {kind!r} for role {role!r}"
+    return None
 
 
 def validate_chat_request(body: Any) -> str | None:
@@ -156,6 +239,10 @@ def validate_chat_request(body: Any) -> str | None:
             message.get("content"), str | list
         ):
             return f"messages.[{index}].content must be a string"
+        if isinstance(message.get("content"), list):
+            problem = _content_parts_problem(index, role, message["content"])
+            if problem is not None:
+                return problem
     if in_tool_block and set(pending) - answered_block:
         missing = ", ".join(sorted(set(pending) - answered_block))
         return (
@@ -204,6 +291,18 @@ class FakeOpenAIServer:
         """Every request received, in order."""
         self.validation_errors: list[str] = []
         """Every 400 this server gave for an invalid conversation."""
+        self.transcripts: deque[str] = deque()
+        """Answers of ``/v1/audio/transcriptions``, in order (then ``transcript_for``)."""
+        self.transcript_for: Callable[[bytes], str] | None = None
+        """Answers a transcription from the audio bytes once ``transcripts`` is empty."""
+        self.transcription_files: list[tuple[str, str, bytes]] = []
+        """``(model, file name, bytes)`` of every transcription request accepted."""
+        self.transcription_faults: deque[FakeResponse] = deque()
+        """Answers served before any transcript (e.g. a 500), in order."""
+        self.transcription_hook: Callable[[RecordedRequest], None] | None = None
+        """Called with each transcription request as it arrives (e.g. to kill a client)."""
+        self.stream_delay = 0.0
+        """Seconds between streamed chunks when the answer does not say."""
         self._script: deque[FakeResponse] = deque()
         self._server: uvicorn.Server | None = None
         self._socket: socket.socket | None = None
@@ -361,6 +460,8 @@ class FakeOpenAIServer:
             await response.hold.wait()
         if response.delay > 0:
             await asyncio.sleep(response.delay)
+        if record.streamed and response.status == 200 and not response.raw:
+            return StreamingResponse(self._chunks(record, response), media_type="text/event-stream")
         if response.raw:
             return Response(
                 str(response.body),
@@ -369,6 +470,94 @@ class FakeOpenAIServer:
                 media_type="application/json",
             )
         return JSONResponse(response.body, status_code=response.status, headers=response.headers)
+
+    async def _chunks(self, record: RecordedRequest, response: FakeResponse) -> AsyncIterator[str]:
+        """The completion ``response.body`` as ``chat.completion.chunk`` events."""
+        body: dict[str, Any] = response.body
+        message = body["choices"][0]["message"]
+        size = max(1, response.chunk_chars)
+        delay = self.stream_delay if response.chunk_delay is None else response.chunk_delay
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+        text = message.get("content") or ""
+        deltas += [{"content": text[i : i + size]} for i in range(0, len(text), size)]
+        for index, call in enumerate(message.get("tool_calls") or []):
+            function = call["function"]
+            head = {"index": index, "id": call["id"], "type": "function"}
+            deltas.append({"tool_calls": [{**head, "function": {"name": function["name"]}}]})
+            raw = function["arguments"]
+            deltas += [
+                {"tool_calls": [{"index": index, "function": {"arguments": raw[i : i + size]}}]}
+                for i in range(0, len(raw), size)
+            ]
+
+        def event(choices: list[dict[str, Any]], usage: Any = None) -> str:
+            chunk = {
+                "id": body["id"],
+                "object": "chat.completion.chunk",
+                "created": body["created"],
+                "model": body["model"],
+                "choices": choices,
+                "usage": usage,
+            }
+            return f"data: {json.dumps(chunk)}\n\n"
+
+        for number, delta in enumerate(deltas):
+            if response.break_after is not None and number >= response.break_after:
+                error = _error_body("stream interrupted", err_type="server_error")
+                yield f"data: {json.dumps(error)}\n\n"
+                return
+            if number and delay > 0:
+                await asyncio.sleep(delay)
+            record.chunk_times.append(time.monotonic())
+            yield event([{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}])
+        finish = body["choices"][0]["finish_reason"]
+        yield event([{"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}])
+        yield event([], body.get("usage"))
+        yield "data: [DONE]\n\n"
+
+    async def _transcribe(self, request: Request) -> Response:
+        record = RecordedRequest(
+            path=request.url.path,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=None,
+        )
+        self.requests.append(record)
+        if self.transcription_hook is not None:
+            self.transcription_hook(record)
+        if record.headers.get("authorization") != f"Bearer {self.api_key}":
+            record.status = 401
+            return JSONResponse(
+                _error_body("Incorrect API key", err_type="invalid_request_error"), status_code=401
+            )
+        async with request.form() as form:
+            upload = form.get("file")
+            model = form.get("model")
+            if isinstance(upload, str) or upload is None or not isinstance(model, str):
+                record.status = 400
+                return JSONResponse(
+                    _error_body("file and model are required", err_type="invalid_request_error"),
+                    status_code=400,
+                )
+            data = await upload.read()
+            name = upload.filename or ""
+        if self.transcription_faults:
+            fault = self.transcription_faults.popleft()
+            record.status = fault.status
+            return JSONResponse(fault.body, status_code=fault.status)
+        self.transcription_files.append((model, name, data))
+        if self.transcripts:
+            text = self.transcripts.popleft()
+        elif self.transcript_for is not None:
+            text = self.transcript_for(data)
+        else:
+            text = ""
+        record.status = 200
+        return JSONResponse({"text": text})
+
+    @property
+    def transcription_requests(self) -> list[RecordedRequest]:
+        """The requests to ``/v1/audio/transcriptions``."""
+        return [r for r in self.requests if r.path == "/v1/audio/transcriptions"]
 
     def _answer(self, record: RecordedRequest) -> FakeResponse:
         if record.headers.get("authorization") != f"Bearer {self.api_key}":
@@ -395,7 +584,12 @@ class FakeOpenAIServer:
 
     async def start(self) -> None:
         """Bind a free port on 127.0.0.1 and start serving."""
-        app = Starlette(routes=[Route("/v1/chat/completions", self._handle, methods=["POST"])])
+        app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._handle, methods=["POST"]),
+                Route("/v1/audio/transcriptions", self._transcribe, methods=["POST"]),
+            ]
+        )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))

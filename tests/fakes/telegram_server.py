@@ -18,6 +18,18 @@ JSON-encoded values) and mimics the behaviour the adapter relies on:
 
 Every sent message is recorded (``sent``), and ``wait_for_sent(n)`` waits on
 a condition until ``n`` are there.
+
+``sendMessageDraft`` (private chats only, non-zero ``draft_id``, the same text
+checks) is recorded in ``drafts`` with its arrival time; ``inject`` works on it
+too (e.g. ``Fault.flood``).
+
+Files out: ``sendPhoto`` and ``sendDocument`` take multipart uploads (PTB's
+``InputFile``), check that a photo's bytes are an image, and record each in
+``files_sent`` with the bytes received; ``wait_for_files(n)`` waits for them.
+
+Files: ``add_file(file_id, data)`` makes ``getFile`` know it (400 "invalid
+file_id" otherwise, 400 "file is too big" past 20 MB, as the Bot API does) and
+``GET /file/bot<token>/<file_path>`` serve its bytes; ``downloads`` records them.
 """
 
 from __future__ import annotations
@@ -29,17 +41,25 @@ import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-__all__ = ["FakeTelegramServer", "Fault", "RecordedRequest", "SentMessage"]
+__all__ = [
+    "DraftFrame",
+    "FakeTelegramServer",
+    "Fault",
+    "RecordedRequest",
+    "SentFile",
+    "SentMessage",
+    "UploadedFile",
+]
 
 DEFAULT_TOKEN = "123456789:AAFakeTokenForTestsOnly_abcdefghijk"
 MAX_TEXT_UTF16 = 4096
@@ -77,6 +97,24 @@ def utf16_len(text: str) -> int:
 
 
 @dataclass(frozen=True)
+class DraftFrame:
+    """One ``sendMessageDraft`` the fake server accepted."""
+
+    chat_id: int
+    """Target private chat."""
+    draft_id: int
+    """The draft's id (non-zero)."""
+    text: str
+    """The text shown ("" is Telegram's "Thinking..." placeholder)."""
+    at: float
+    """``time.monotonic()`` when it arrived."""
+    parse_mode: str | None = None
+    """Formatting mode, if given."""
+    message_thread_id: int | None = None
+    """Topic, if given."""
+
+
+@dataclass(frozen=True)
 class SentMessage:
     """One message the fake server accepted."""
 
@@ -92,6 +130,34 @@ class SentMessage:
     """Decoded ``reply_parameters``, if given."""
     parse_mode: str | None = None
     """Formatting mode, if given."""
+
+
+@dataclass(frozen=True)
+class UploadedFile:
+    """One file part of a multipart call."""
+
+    filename: str
+    """The part's file name."""
+    data: bytes = field(repr=False)
+    """The bytes received."""
+    content_type: str | None = None
+    """The part's ``Content-Type``."""
+
+
+@dataclass(frozen=True)
+class SentFile:
+    """One ``sendPhoto`` / ``sendDocument`` the fake server accepted."""
+
+    method: str
+    """``sendPhoto`` or ``sendDocument``."""
+    chat_id: int | str
+    """Target chat as sent."""
+    message_id: int
+    """Id the server gave the message."""
+    file: UploadedFile
+    """The upload, bytes included."""
+    message_thread_id: int | None = None
+    """Forum topic, if given."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +348,8 @@ class FakeTelegramServer:
         """Every message accepted, in order."""
         self.chat_actions: list[RecordedRequest] = []
         """Every ``sendChatAction`` accepted."""
+        self.drafts: list[DraftFrame] = []
+        """Every ``sendMessageDraft`` accepted, in order (private chats only, as Telegram)."""
         self.requests: list[RecordedRequest] = []
         """Every call received, in order, including refused ones."""
         self.get_updates_offsets: list[int | None] = []
@@ -291,6 +359,12 @@ class FakeTelegramServer:
         self.on_request: Callable[[RecordedRequest], None] | None = None
         """Called with every call as it arrives (recorded), before it is handled."""
 
+        self.files: dict[str, bytes] = {}
+        """Bytes of the files ``getFile`` knows, by ``file_id`` (see ``add_file``)."""
+        self.downloads: list[str] = []
+        self.files_sent: list[SentFile] = []
+        """Every ``sendPhoto``/``sendDocument`` accepted, in order, with its bytes."""
+        """``file_path`` of every file download served, in order."""
         self._updates: list[dict[str, Any]] = []
         self._next_update_id = 700000001
         self._faults: dict[str, deque[Fault]] = {}
@@ -312,7 +386,11 @@ class FakeTelegramServer:
             "getWebhookInfo": self._get_webhook_info,
             "getUpdates": self._get_updates,
             "sendMessage": self._send_message,
+            "sendPhoto": self._send_photo,
+            "sendDocument": self._send_document,
             "sendChatAction": self._send_chat_action,
+            "sendMessageDraft": self._send_message_draft,
+            "getFile": self._get_file,
             "close": self._ok_true,
             "logOut": self._ok_true,
         }
@@ -332,7 +410,10 @@ class FakeTelegramServer:
     async def start(self) -> None:
         """Bind a free port on 127.0.0.1 and start serving."""
         app = Starlette(
-            routes=[Route("/bot{token}/{method}", self._dispatch, methods=["GET", "POST"])]
+            routes=[
+                Route("/bot{token}/{method}", self._dispatch, methods=["GET", "POST"]),
+                Route("/file/bot{token}/{path:path}", self._download, methods=["GET"]),
+            ]
         )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -399,6 +480,23 @@ class FakeTelegramServer:
         """Ids of updates not yet confirmed by an offset."""
         return [int(u["update_id"]) for u in self._updates]
 
+    def add_file(self, file_id: str, data: bytes) -> None:
+        """Make ``getFile`` and the file endpoint serve ``data`` as ``file_id``."""
+        self.files[file_id] = data
+
+    async def _download(self, request: Request) -> Response:
+        if not self._token_ok(request.path_params["token"]):
+            return Response(status_code=401)
+        path = request.path_params["path"]
+        file_id = path.rsplit("/", 1)[-1].split(".", 1)[0]
+        data = self.files.get(file_id)
+        if data is None:
+            return Response(status_code=404)
+        async with self._cond:
+            self.downloads.append(path)
+            self._cond.notify_all()
+        return Response(data, media_type="application/octet-stream")
+
     def inject(self, method: str, *faults: Fault) -> None:
         """Answer the next calls of ``method`` with these faults, in order."""
         self._faults.setdefault(method, deque()).extend(faults)
@@ -406,6 +504,14 @@ class FakeTelegramServer:
     def release_hangs(self) -> None:
         """Let every hanging call answer."""
         self._hang_release.set()
+
+    async def wait_for_files(self, count: int, within: float = 5.0) -> list[SentFile]:
+        """Wait until at least ``count`` files were sent; return them all."""
+        async with self._cond:
+            await asyncio.wait_for(
+                self._cond.wait_for(lambda: len(self.files_sent) >= count), timeout=within
+            )
+            return list(self.files_sent)
 
     async def wait_for_sent(self, count: int, within: float = 5.0) -> list[SentMessage]:
         """Wait until at least ``count`` messages were sent; return them all."""
@@ -469,6 +575,8 @@ class FakeTelegramServer:
 
     @staticmethod
     async def _read_params(request: Request) -> dict[str, Any]:
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            return await _multipart_params(request)
         body = await request.body()
         if request.headers.get("content-type", "").startswith("application/json"):
             data = json.loads(body or b"{}")
@@ -509,6 +617,22 @@ class FakeTelegramServer:
             "can_join_groups": True,
             "can_read_all_group_messages": False,
             "supports_inline_queries": False,
+        }
+
+    async def _get_file(self, params: dict[str, Any]) -> dict[str, Any]:
+        if params.get("_hang"):
+            await self._hang()
+        file_id = str(params.get("file_id", ""))
+        data = self.files.get(file_id)
+        if data is None:
+            raise _ApiError(400, "Bad Request: invalid file_id")
+        if len(data) > 20 * 1024 * 1024:
+            raise _ApiError(400, "Bad Request: file is too big")
+        return {
+            "file_id": file_id,
+            "file_unique_id": f"u-{file_id}",
+            "file_size": len(data),
+            "file_path": f"files/{file_id}.bin",
         }
 
     async def _ok_true(self, params: dict[str, Any]) -> bool:
@@ -664,6 +788,46 @@ class FakeTelegramServer:
             result["is_topic_message"] = True
         return result
 
+    async def _send_photo(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._send_file("sendPhoto", "photo", params)
+
+    async def _send_document(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._send_file("sendDocument", "document", params)
+
+    async def _send_file(self, method: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        chat_id = self._check_target(params)
+        upload = params.get(name)
+        if not isinstance(upload, UploadedFile) or not upload.data:
+            raise _ApiError(400, f"Bad Request: there is no {name} in the request")
+        if name == "photo" and not upload.data.startswith((b"\xff\xd8\xff", b"\x89PNG")):
+            raise _ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED")
+        thread = params.get("message_thread_id")
+        key = str(chat_id)
+        message_id = self._message_ids.get(key, 1000) + 1
+        self._message_ids[key] = message_id
+        sent = SentFile(method, chat_id, message_id, upload, int(thread) if thread else None)
+        async with self._cond:
+            self.files_sent.append(sent)
+            self._cond.notify_all()
+        if params.get("_hang"):
+            await self._hang()
+        media = {
+            "file_id": f"sent-{message_id}",
+            "file_unique_id": f"u-{message_id}",
+            "file_size": len(upload.data),
+        }
+        result: dict[str, Any] = {
+            "message_id": message_id,
+            "from": self._bot_user(),
+            "chat": self._chat(chat_id),
+            "date": int(time.time()),
+        }
+        if name == "photo":
+            result["photo"] = [{**media, "width": 1, "height": 1}]
+        else:
+            result["document"] = {**media, "file_name": upload.filename}
+        return result
+
     async def _send_chat_action(self, params: dict[str, Any]) -> bool:
         self._check_target(params)
         if params.get("action") not in {
@@ -686,3 +850,61 @@ class FakeTelegramServer:
             self.chat_actions.append(RecordedRequest("sendChatAction", params))
             self._cond.notify_all()
         return True
+
+    async def _send_message_draft(self, params: dict[str, Any]) -> bool:
+        chat_id = self._check_target(params)
+        if not isinstance(chat_id, int) or chat_id <= 0:
+            raise _ApiError(400, "Bad Request: drafts can be sent only to private chats")
+        draft_id = params.get("draft_id")
+        if not isinstance(draft_id, int) or draft_id == 0:
+            raise _ApiError(400, "Bad Request: draft_id must be non-zero")
+        text = str(params.get("text") or "")
+        if utf16_len(text) > MAX_TEXT_UTF16:
+            raise _ApiError(400, "Bad Request: text is too long")
+        parse_mode = params.get("parse_mode")
+        if parse_mode and text:
+            problem = (
+                "Can't find end of the entity starting at byte offset 0"
+                if self.reject_parse_mode
+                else check_entities(text, str(parse_mode))
+            )
+            if problem is not None:
+                raise _ApiError(400, f"Bad Request: can't parse entities: {problem}")
+        thread = params.get("message_thread_id")
+        frame = DraftFrame(
+            chat_id=chat_id,
+            draft_id=draft_id,
+            text=text,
+            at=time.monotonic(),
+            parse_mode=str(parse_mode) if parse_mode else None,
+            message_thread_id=int(thread) if thread is not None else None,
+        )
+        async with self._cond:
+            self.drafts.append(frame)
+            self._cond.notify_all()
+        return True
+
+
+async def _multipart_params(request: Request) -> dict[str, Any]:
+    """The fields of a file upload; file parts become ``UploadedFile`` (``attach://`` too)."""
+    params: dict[str, Any] = {}
+    uploads: dict[str, UploadedFile] = {}
+    async with request.form() as form:
+        for key, value in form.multi_items():
+            if isinstance(value, str):
+                if key in _STRING_FIELDS:
+                    params[key] = value
+                    continue
+                try:
+                    params[key] = json.loads(value)
+                except ValueError:
+                    params[key] = value
+            else:
+                data = await value.read()
+                uploads[key] = UploadedFile(
+                    value.filename or "", data, value.headers.get("content-type")
+                )
+    for key, value in list(params.items()):
+        if isinstance(value, str) and value.startswith("attach://"):
+            params[key] = uploads.get(value.removeprefix("attach://"))
+    return {**uploads, **params}

@@ -7,12 +7,28 @@ wrong bearer token gets 401 with code 190. Tests can inject Meta errors by
 code and hangs (for client read timeouts). Every request is recorded; sends
 and read/typing receipts (``{"status":"read",...}``) are kept apart, and
 ``await server.wait_for_sent(n)`` waits on a condition, never on a sleep.
+
+Media: ``add_media(media_id, data, mime_type)`` makes ``GET /v<version>/<media id>``
+answer Meta's ``{"url", "mime_type", "sha256", "file_size", "id"}`` (an unknown id
+gets Meta's 400 with code 100), and the URL, which changes on every lookup like
+Meta's short-lived ones, serve the bytes to the bearer token only. An URL that
+``expire_media_urls`` expired answers 404. ``media_lookups`` and
+``media_downloads`` record both steps.
+
+Media out: ``POST /v<version>/<phone_id>/media`` (multipart, as pywa's
+``upload_media`` sends it) stores the file and answers ``{"id": ...}``; each
+upload is recorded in ``uploads`` with the bytes received. An ``image`` or
+``document`` message must name an uploaded id (else Meta's 400, code 100);
+``media_sent`` pairs each accepted media message with its upload.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import itertools
 import json
 import re
 import secrets
@@ -36,6 +52,7 @@ __all__ = [
     "FakeWhatsAppServer",
     "InjectedError",
     "RecordedRequest",
+    "Upload",
 ]
 
 TEXT_LIMIT = 4096
@@ -67,6 +84,20 @@ class RecordedRequest:
     """The ``Authorization`` header as sent."""
     headers: dict[str, str] = field(default_factory=dict)
     """All request headers (lower-case names)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """One file uploaded to ``/<phone_id>/media``."""
+
+    media_id: str
+    """The id answered."""
+    data: bytes = field(repr=False)
+    """The bytes received."""
+    mime_type: str
+    """The ``type`` field (pywa sends the MIME type)."""
+    filename: str
+    """The file part's name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +153,25 @@ class FakeWhatsAppServer:
         self._changed = asyncio.Condition()
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
+        self.media: dict[str, tuple[bytes, str]] = {}
+        """``media id -> (bytes, MIME type)`` served by the media routes (``add_media``)."""
+        self.media_lookups: list[str] = []
+        """Media ids looked up, in order."""
+        self.media_downloads: list[str] = []
+        """Media ids whose bytes were downloaded, in order."""
+        self._media_urls: dict[str, str] = {}
+        self.uploads: list[Upload] = []
+        """Files uploaded to ``/<phone_id>/media``, in order."""
+        self.media_sent: list[tuple[RecordedRequest, Upload]] = []
+        """Accepted image/document messages with the upload each names."""
+        self._media_serial = itertools.count(1)
         self.app = Starlette(
-            routes=[Route("/{version}/{phone_id}/messages", self._messages, methods=["POST"])]
+            routes=[
+                Route("/{version}/{phone_id}/messages", self._messages, methods=["POST"]),
+                Route("/{version}/{phone_id}/media", self._upload, methods=["POST"]),
+                Route("/media-download/{token}", self._media_bytes, methods=["GET"]),
+                Route("/{version}/{media_id}", self._media_url, methods=["GET"]),
+            ]
         )
 
     @property
@@ -237,6 +285,85 @@ class FakeWhatsAppServer:
 
     # -- the endpoint ----------------------------------------------------------------------
 
+    def add_media(self, media_id: str, data: bytes, mime_type: str) -> None:
+        """Serve ``data`` as the media ``media_id``."""
+        self.media[media_id] = (data, mime_type)
+
+    def expire_media_urls(self) -> None:
+        """Make every download URL handed out so far answer 404 (they last minutes)."""
+        self._media_urls.clear()
+
+    def _authorised(self, request: Request) -> bool:
+        return self.token is None or request.headers.get("authorization") == f"Bearer {self.token}"
+
+    async def _media_url(self, request: Request) -> Response:
+        if not self._authorised(request):
+            return _error(401, 190, DEFAULT_ERROR_MESSAGES[190][1])
+        media_id = request.path_params["media_id"]
+        async with self._changed:
+            self.media_lookups.append(media_id)
+            self._changed.notify_all()
+        found = self.media.get(media_id)
+        if found is None:
+            return _error(400, 100, "(#100) Invalid parameter", subcode=33)
+        data, mime_type = found
+        url_token = f"{next(self._media_serial)}-{secrets.token_hex(4)}"
+        self._media_urls[url_token] = media_id
+        return JSONResponse(
+            {
+                "messaging_product": "whatsapp",
+                "url": f"{self.base_url}/media-download/{url_token}",
+                "mime_type": mime_type,
+                "sha256": base64.b64encode(hashlib.sha256(data).digest()).decode(),
+                "file_size": len(data),
+                "id": media_id,
+            }
+        )
+
+    async def _media_bytes(self, request: Request) -> Response:
+        if not self._authorised(request):
+            return Response(status_code=401)
+        media_id = self._media_urls.get(request.path_params["token"])
+        if media_id is None or media_id not in self.media:
+            return Response(status_code=404)
+        data, mime_type = self.media[media_id]
+        async with self._changed:
+            self.media_downloads.append(media_id)
+            self._changed.notify_all()
+        return Response(data, media_type=mime_type)
+
+    async def _upload(self, request: Request) -> Response:
+        if not self._authorised(request):
+            return _error(401, 190, DEFAULT_ERROR_MESSAGES[190][1])
+        if request.path_params["phone_id"] != self.phone_id:
+            return _error(400, 100, "Unsupported post request. Object does not exist", subcode=33)
+        async with request.form() as form:
+            file = form.get("file")
+            mime_type = form.get("type")
+            if form.get("messaging_product") != "whatsapp" or isinstance(file, str) or not file:
+                return _error(400, 100, "(#100) The parameter file is required.")
+            data = await file.read()
+        if not data or not isinstance(mime_type, str):
+            return _error(400, 100, "(#100) Param file must be a file with one of the types")
+        upload = Upload(f"up-{next(self._media_serial)}", data, mime_type, file.filename or "")
+        async with self._changed:
+            self.uploads.append(upload)
+            self._changed.notify_all()
+        return JSONResponse({"id": upload.media_id})
+
+    def _uploaded(self, body: dict[str, Any]) -> Upload | None:
+        kind = body.get("type")
+        media = body.get(kind) if kind in ("image", "document") else None
+        media_id = media.get("id") if isinstance(media, dict) else None
+        return next((u for u in self.uploads if u.media_id == media_id), None)
+
+    async def wait_for_media_sent(
+        self, n: int, within: float = 5.0
+    ) -> list[tuple[RecordedRequest, Upload]]:
+        """Wait until at least ``n`` image/document messages were accepted."""
+        await self._wait(lambda: len(self.media_sent) >= n, within)
+        return list(self.media_sent)
+
     async def _record(self, bucket: list[RecordedRequest], record: RecordedRequest) -> None:
         async with self._changed:
             self.requests.append(record)
@@ -277,6 +404,9 @@ class FakeWhatsAppServer:
             return JSONResponse({"success": True})
 
         invalid = _validate_send(body)
+        upload = self._uploaded(body)
+        if body.get("type") in ("image", "document") and upload is None:
+            invalid = "(#100) Invalid parameter: the media id is not an uploaded media"
         if invalid is not None:
             await self._record(self.rejected, record)
             return _error(400, 100, invalid, subcode=2494010)
@@ -297,6 +427,8 @@ class FakeWhatsAppServer:
             return _sent_response(body)
         response = _sent_response(body)
         self.sent_wamids.append(json.loads(bytes(response.body))["messages"][0]["id"])
+        if upload is not None:
+            self.media_sent.append((record, upload))
         await self._record(self.sent, record)
         self._notify_send(record)
         return response

@@ -11,7 +11,12 @@ point the first time it gets there:
 - ``during_send``: after the message reached the "platform", before send returns;
 - ``after_send``: after send returned, before ``mark_delivered``;
 - ``before_group_commit``: every reply sent and its delivered mark buffered,
-  before the group commit that would write them.
+  before the group commit that would write them;
+- ``mid_stream``: the answer half streamed, right after its first draft was shown.
+
+With ``HARNESS_STREAM=1`` in the environment the adapter shows drafts (appended
+to ``DIR/drafts.jsonl``) and the model streams its answer in two pieces, the
+second only once a draft of the first was shown.
 
 Without ``KILL_AT`` it runs until every inbound message has its reply recorded
 as delivered, then exits 0.
@@ -33,7 +38,7 @@ from starlette.routing import BaseRoute
 from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.messages import Message, Role
-from bot.core.models.base import ModelResponse, ToolSpec
+from bot.core.models.base import ModelResponse, OnText, ToolSpec
 from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
 from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult
@@ -46,9 +51,30 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+STREAM = os.environ.get("HARNESS_STREAM") == "1"
+
+
 class EchoModel:
     def __init__(self, kill: bool) -> None:
         self.kill = kill
+        self.draft_shown = asyncio.Event()
+
+    async def stream(
+        self,
+        *,
+        model: str,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        on_text: OnText,
+    ) -> ModelResponse:
+        response = await self.complete(model=model, system=system, messages=messages, tools=tools)
+        text = response.content or ""
+        self.draft_shown.clear()
+        on_text(text[:6])
+        await self.draft_shown.wait()
+        on_text(text[6:])
+        return response
 
     async def complete(
         self,
@@ -68,8 +94,10 @@ class FileAdapter(PlatformAdapter):
     name = "fake"
     max_text_len = 4096
 
-    def __init__(self, root: Path, kill_at: str | None) -> None:
+    def __init__(self, root: Path, kill_at: str | None, model: EchoModel) -> None:
         self.root = root
+        self.model = model
+        self.kill_mid_stream = kill_at == "mid_stream"
         self.kill_before_send = kill_at == "after_commit"
         self.kill_during_send = kill_at == "during_send"
         self._connected = False
@@ -122,6 +150,19 @@ class FileAdapter(PlatformAdapter):
     async def indicate_typing(self, event: MessageEvent) -> None:
         return None
 
+    def draft_interval(self, event: MessageEvent) -> float | None:
+        return 0.01 if STREAM else None
+
+    async def send_draft(self, event: MessageEvent, draft_id: int, text: str) -> None:
+        record = json.dumps({"chat": event.source.chat_id, "draft_id": draft_id, "text": text})
+        with open(self.root / "drafts.jsonl", "a") as f:  # noqa: ASYNC230
+            f.write(record + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if self.kill_mid_stream:
+            die()
+        self.model.draft_shown.set()
+
     def format_reply(self, text: str, agent_name: str) -> str:
         return text
 
@@ -131,10 +172,9 @@ class FileAdapter(PlatformAdapter):
 
 async def main(root: Path, kill_at: str | None) -> None:
     store = SQLiteSessionStore(str(root / "chatflow.db"))
-    runner = Runner(
-        Agent(name="Echo", instructions="echo"), store, model=EchoModel(kill_at == "after_accept")
-    )
-    adapter = FileAdapter(root, kill_at)
+    model = EchoModel(kill_at == "after_accept")
+    runner = Runner(Agent(name="Echo", instructions="echo"), store, model=model)
+    adapter = FileAdapter(root, kill_at, model)
     gateway = Gateway(runner, store, [adapter], Settings(data_dir=root), secret=b"s" * 32)
     if kill_at == "after_send":
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
+from pathlib import Path
 
 import pytest
 
 from bot.errors import PlatformError
-from bot.gateway.contract import MessageEvent
+from bot.gateway.contract import MessageEvent, OutgoingFile
 from bot.platforms.base import EventHandler, PlatformAdapter, SendResult
 from bot.platforms.console import CONSOLE_CHAT_ID, CONSOLE_SENDER_ID, PROMPT, ConsoleAdapter
 
@@ -312,3 +313,13 @@ class BlockingInput:
             self.reading.set()
             self._cond.wait_for(lambda: bool(self._lines))
             return self._lines.pop(0)
+
+
+async def test_attachments_print_where_the_file_is_saved(tmp_path: Path) -> None:
+    output = io.StringIO()
+    adapter = ConsoleAdapter(input_stream=io.StringIO(), output_stream=output)
+    saved = tmp_path / "media" / "ab" / "abcd"
+    photo = OutgoingFile("image", b"\xff\xd8\xff", "image/jpeg", "chart.jpg", path=saved)
+    result = await adapter.send_attachments("local", [photo])
+    assert output.getvalue() == f'[attached photo "chart.jpg": {saved}]\n'
+    assert len(result.message_ids) == 1

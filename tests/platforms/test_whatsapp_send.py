@@ -377,6 +377,20 @@ async def test_typing_marks_read_once_per_event(
     assert [b["message_id"] for b in bodies] == [INBOUND, other]
 
 
+async def test_typing_is_shown_again_while_a_long_turn_runs(
+    adapter: WhatsAppAdapter, graph: respx.MockRouter
+) -> None:
+    route = graph.post(MESSAGES_URL).mock(return_value=httpx.Response(200, json={"success": True}))
+    now = [100.0]
+    adapter._clock = lambda: now[0]
+    event = _event()
+    for step in (0.0, 4.0, 4.0, 4.0, 4.0, 4.0):  # the gateway's 4 s typing loop
+        now[0] += step
+        await adapter.indicate_typing(event)
+    # WhatsApp's indicator lasts 25 s: shown at 100 s, again in the next 20 s window.
+    assert len(route.calls) == 2
+
+
 @pytest.mark.parametrize(
     "response",
     [meta_error(100), httpx.ConnectError("down")],

@@ -14,8 +14,11 @@ from bot.core._schema import gemini_compatible_schema
 from bot.core.models.base import (
     ChatModel,
     ModelResponse,
+    OnText,
+    StreamingChatModel,
     ToolSpec,
     Usage,
+    complete_streaming,
     current_agent_name,
     sanitize_history,
 )
@@ -30,7 +33,12 @@ from bot.core.models.routing import (
     default_model_name,
     route_model,
 )
-from bot.core.models.scripted import RecordedCall, ScriptedModel, ScriptExhaustedError
+from bot.core.models.scripted import (
+    PartialAnswer,
+    RecordedCall,
+    ScriptedModel,
+    ScriptExhaustedError,
+)
 
 if TYPE_CHECKING:
     from bot.core.models.openai_compat import (
@@ -56,13 +64,17 @@ __all__ = [
     "ModelSettings",
     "ModelSettingsSource",
     "OfflineModel",
+    "OnText",
     "OpenAICompatibleModel",
+    "PartialAnswer",
     "RecordedCall",
     "Route",
     "ScriptExhaustedError",
     "ScriptedModel",
+    "StreamingChatModel",
     "ToolSpec",
     "Usage",
+    "complete_streaming",
     "current_agent_name",
     "default_model_name",
     "gemini_compatible_schema",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -12,8 +12,11 @@ from bot.core.messages import Message, Role, ToolCall
 __all__ = [
     "ChatModel",
     "ModelResponse",
+    "OnText",
+    "StreamingChatModel",
     "ToolSpec",
     "Usage",
+    "complete_streaming",
     "current_agent_name",
     "sanitize_history",
 ]
@@ -98,6 +101,54 @@ class ChatModel(Protocol):
         ...
 
 
+OnText = Callable[[str], None]
+"""Called with each piece of an answer's text as it arrives (plain, no await:
+cheap enough to run once per token)."""
+
+
+@runtime_checkable
+class StreamingChatModel(ChatModel, Protocol):
+    """A ``ChatModel`` that can also hand out its answer's text while it is written."""
+
+    async def stream(
+        self,
+        *,
+        model: str,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        on_text: OnText,
+    ) -> ModelResponse:
+        """Like ``complete``, calling ``on_text`` with each piece of the text as it arrives.
+
+        The response is the whole answer, as ``complete`` gives it (tool calls
+        included); its ``content`` is the pieces joined. Raises ``ModelError``,
+        also after some pieces were handed out.
+        """
+        ...
+
+
+async def complete_streaming(
+    chat_model: ChatModel,
+    *,
+    model: str,
+    system: str,
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    on_text: OnText,
+) -> ModelResponse:
+    """``chat_model.stream(...)``, or for a model that cannot stream, ``complete``
+    with its whole text handed to ``on_text`` as one piece."""
+    if isinstance(chat_model, StreamingChatModel):
+        return await chat_model.stream(
+            model=model, system=system, messages=messages, tools=tools, on_text=on_text
+        )
+    response = await chat_model.complete(model=model, system=system, messages=messages, tools=tools)
+    if response.content:
+        on_text(response.content)
+    return response
+
+
 def sanitize_history(messages: Sequence[Message]) -> list[Message]:
     """Return the history a provider accepts: no orphans, user first, no user runs.
 
@@ -153,7 +204,10 @@ def sanitize_history(messages: Sequence[Message]) -> list[Message]:
         previous = _last_non_system(result)
         if previous is not None and previous.role is Role.USER and message.role is Role.USER:
             result[result.index(previous)] = previous.model_copy(
-                update={"content": _join(previous.content, message.content)}
+                update={
+                    "content": _join(previous.content, message.content),
+                    "parts": [*previous.parts, *message.parts],
+                }
             )
             continue
         if (

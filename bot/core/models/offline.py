@@ -12,7 +12,11 @@ so nobody mistakes it for a real model. Rules, in order:
 3. A tool fits the text: its ``*_id`` parameter can be read from it (``#1234``,
    ``order 1234``), or it takes no required arguments and a word of its name
    appears in the text: call it.
-4. Otherwise echo a short helpful answer that names the agent.
+4. The user's message carries media (a photo, a voice note, a document...):
+   describe what arrived, plainly (``offline_media``).
+5. Otherwise echo a short helpful answer that names the agent.
+
+A voice note's transcript counts as the user's text for rules 2 and 3.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bot.core.messages import Message, Role, ToolCall
-from bot.core.models.base import ModelResponse, ToolSpec, Usage, current_agent_name
+from bot.core.models.base import ModelResponse, OnText, ToolSpec, Usage, current_agent_name
+from bot.core.models.offline_media import describe_media, spoken_text
 
 __all__ = ["OFFLINE_PREFIX", "OfflineModel"]
 
@@ -44,6 +49,7 @@ _STOPWORDS = frozenset(_STOPWORDS_TEXT.split())
 _GENERIC_TOOL_WORDS = frozenset(_GENERIC_TOOL_WORDS_TEXT.split())
 _SUFFIXES = ("ing", "es", "s", "ed")
 _WORD_RE = re.compile(r"[^\W_]+", re.UNICODE)
+_PIECE_RE = re.compile(r"\s*\S+\s*|\s+")
 _EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
 _MAX_SUMMARY = 300
 _HANDOFF_PREFIX = "transfer_to_"  # bot.core.agent.HANDOFF_PREFIX (importing it would cycle)
@@ -151,9 +157,25 @@ class OfflineModel:
         response.usage = Usage(input_tokens=spent_in, output_tokens=spent_out)
         return response
 
+    async def stream(
+        self,
+        *,
+        model: str,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        on_text: OnText,
+    ) -> ModelResponse:
+        """``complete``, with the answer handed to ``on_text`` word by word."""
+        response = await self.complete(model=model, system=system, messages=messages, tools=tools)
+        for piece in _PIECE_RE.findall(response.content or ""):
+            on_text(piece)
+        return response
+
     def _answer(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ModelResponse:
         agent = current_agent_name.get() or "assistant"
-        user_text = next((m.content or "" for m in reversed(messages) if m.role is Role.USER), "")
+        user = next((m for m in reversed(messages) if m.role is Role.USER), None)
+        user_text = spoken_text(user) if user is not None else ""
         allow_handoff = True
         last = messages[-1] if messages else None
         if last is not None and last.role is Role.TOOL:
@@ -171,6 +193,9 @@ class OfflineModel:
         picked = self._pick_tool(user_text, tools)
         if picked is not None:
             return _call(*picked)
+        media = describe_media(user) if user is not None else ""
+        if media:
+            return ModelResponse(content=f"{OFFLINE_PREFIX}{media}")
         return ModelResponse(content=_echo(agent, user_text))
 
     @staticmethod

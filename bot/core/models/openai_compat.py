@@ -13,6 +13,7 @@ the SDK cannot know: a 2xx body that is no completion is retried, and neither
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import email.utils
 import json
@@ -33,8 +34,11 @@ from openai.types.chat import (
 from typing_extensions import override
 
 from bot.core._schema import SchemaTransform, gemini_compatible_schema, plain_copy
-from bot.core.messages import Message, Role, ToolCall
-from bot.core.models.base import ModelResponse, ToolSpec, Usage, sanitize_history
+from bot.core.media_store import MediaStore
+from bot.core.messages import ImagePart, Message, Role, ToolCall
+from bot.core.models.base import ModelResponse, OnText, ToolSpec, Usage, sanitize_history
+from bot.core.models.openai_stream import INVALID_JSON_ARGUMENTS, read_stream, tool_call_of
+from bot.core.parts import NO_VISION_NOTE, part_text, without_images
 from bot.errors import ModelError
 
 if TYPE_CHECKING:
@@ -50,9 +54,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-INVALID_JSON_ARGUMENTS = "arguments were not valid JSON"
-"""Error text the runner returns for a tool call whose arguments did not parse."""
-
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _NON_RETRYABLE_CODES = frozenset({"insufficient_quota"})
 
@@ -63,13 +64,40 @@ _deadline: ContextVar[float | None] = ContextVar("chatflow_model_deadline", defa
 """Loop time by which the ``complete()`` running in this context must be done."""
 
 
-def to_openai_messages(system: str, messages: Sequence[Message]) -> list[dict[str, Any]]:
+def _user_content(message: Message, images: Mapping[str, str]) -> str | list[dict[str, Any]]:
+    """A user message's content: a string, or text plus ``image_url`` parts for its images."""
+    if not message.parts:
+        return message.content or ""
+    lines = [message.content] if message.content else []
+    blocks: list[dict[str, Any]] = []
+    for part in message.parts:
+        if isinstance(part, ImagePart):
+            url = images.get(part.sha256)
+            if url is None:
+                lines.append("[a photo sent earlier; it is no longer attached]")
+                continue
+            blocks.append({"type": "image_url", "image_url": {"url": url}})
+        lines.append(part_text(part))
+    text = "\n\n".join(lines)
+    if not blocks:
+        return text
+    # The caption first, then the image: the order OpenAI's vision guide uses.
+    return [{"type": "text", "text": text}, *blocks]
+
+
+def to_openai_messages(
+    system: str, messages: Sequence[Message], images: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Translate a (sanitised) history into Chat Completions messages.
 
     The system prompt and the history's SYSTEM messages become one leading
     ``system`` message (some providers accept only one); MODEL -> ``assistant``
     with JSON-encoded tool-call arguments; TOOL -> ``tool`` with its call id.
+    A USER message with parts gets their text lines, and an ``image_url`` part
+    (a base64 data URL) for each image whose SHA-256 is in ``images``; other
+    images read as a line saying they are no longer attached.
     """
+    images = images or {}
     system_parts = [system] if system else []
     system_parts.extend(m.content for m in messages if m.role is Role.SYSTEM and m.content)
     result: list[dict[str, Any]] = []
@@ -79,7 +107,7 @@ def to_openai_messages(system: str, messages: Sequence[Message]) -> list[dict[st
         if message.role is Role.SYSTEM:
             continue
         if message.role is Role.USER:
-            result.append({"role": "user", "content": message.content or ""})
+            result.append({"role": "user", "content": _user_content(message, images)})
         elif message.role is Role.MODEL:
             entry: dict[str, Any] = {"role": "assistant", "content": message.content}
             if message.tool_calls:
@@ -160,7 +188,8 @@ async def _screen(response: httpx2.Response) -> None:
     An error that must not be retried gets ``x-should-retry: false``, which the
     SDK obeys: ``insufficient_quota``, or a ``Retry-After`` past the deadline.
     """
-    if response.is_success:
+    streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+    if response.is_success and not streamed:  # a stream is read by read_stream, as it comes
         await response.aread()
         try:
             body = json.loads(response.content)
@@ -259,6 +288,7 @@ class OpenAICompatibleModel:
         request_timeout: float = 30.0,
         sleep: Sleep | None = None,
         schema_transform: SchemaTransform | None = None,
+        media_store: MediaStore | None = None,
     ) -> None:
         """Set up a client; no connection is opened until the first call.
 
@@ -268,6 +298,9 @@ class OpenAICompatibleModel:
         ``request_timeout`` bounds each HTTP attempt. ``sleep`` replaces the
         SDK's wait between retries (a test seam). ``schema_transform`` adapts
         tool schemas to a provider's dialect (e.g. ``gemini_compatible_schema``).
+        ``media_store`` holds the bytes of images: those of the latest user
+        message are sent inline (earlier ones only as a line, so a long chat
+        does not resend every photo).
         """
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
@@ -280,6 +313,8 @@ class OpenAICompatibleModel:
         self.request_timeout = request_timeout
         self._sleep = sleep
         self.schema_transform = schema_transform
+        self.media_store = media_store
+        self._blind_models: set[str] = set()  # models that refused images
         self._client: openai.AsyncOpenAI | None = None
 
     def __repr__(self) -> str:  # never shows the key
@@ -316,29 +351,108 @@ class OpenAICompatibleModel:
         tools: Sequence[ToolSpec],
     ) -> ModelResponse:
         """Send one Chat Completions request and parse it, SDK retries included,
-        all within ``total_timeout``."""
+        all within ``total_timeout``.
+
+        A model that refuses a request with images (HTTP 400) is asked again
+        without them, the answer says plainly that images cannot be seen, and
+        later requests to that model carry no images (learned, per client).
+        """
+        return await self._answer(model, system, messages, tools, None)
+
+    async def stream(
+        self,
+        *,
+        model: str,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        on_text: OnText,
+    ) -> ModelResponse:
+        """``complete`` with ``stream=True``: the text goes to ``on_text`` as it arrives,
+        tool calls are assembled from their deltas. The same deadline bounds the
+        whole stream; a stream that breaks off raises ``ModelError`` (retryable)."""
+        return await self._answer(model, system, messages, tools, on_text)
+
+    async def _answer(
+        self,
+        model: str,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        on_text: OnText | None,
+    ) -> ModelResponse:
+        history = sanitize_history(messages)
+        images = await self._current_images(history)
+        deadline = asyncio.get_running_loop().time() + self.total_timeout
+        if images and model not in self._blind_models:
+            try:
+                return await self._create(model, system, history, images, tools, deadline, on_text)
+            except ModelError as exc:
+                if exc.status_code != 400:
+                    raise
+            logger.warning("Model %s refused images (HTTP 400); sending it none from now on", model)
+            self._blind_models.add(model)
+        if model not in self._blind_models:
+            return await self._create(model, system, history, images, tools, deadline, on_text)
+        history = without_images(history)
+        response = await self._create(model, system, history, {}, tools, deadline, on_text)
+        if images and response.content:
+            response.content = f"{NO_VISION_NOTE}\n\n{response.content}"
+        return response
+
+    async def _create(
+        self,
+        model: str,
+        system: str,
+        history: Sequence[Message],
+        images: Mapping[str, str],
+        tools: Sequence[ToolSpec],
+        deadline: float,
+        on_text: OnText | None = None,
+    ) -> ModelResponse:
         request: dict[str, Any] = {
             "model": model,
-            "messages": to_openai_messages(system, sanitize_history(messages)),
+            "messages": to_openai_messages(system, history, images),
         }
         if tools:
             request["tools"] = _to_openai_tools(tools, self.schema_transform)
-        deadline = asyncio.get_running_loop().time() + self.total_timeout
+        if on_text is not None:
+            request["stream"] = True
+            request["stream_options"] = {"include_usage": True}
         token = _deadline.set(deadline)
         try:
             async with asyncio.timeout_at(deadline):
                 result: object = await self._get_client().chat.completions.create(**request)
+                if isinstance(result, openai.AsyncStream):
+                    assert on_text is not None
+                    return await read_stream(result, on_text, self._parse)
         except TimeoutError as exc:
             raise ModelError(
                 f"model call gave up after {self.total_timeout:g} s", retryable=True
             ) from exc
         except openai.OpenAIError as exc:
             raise _translate(exc) from exc
+        except ValueError as exc:  # a streamed event that is not JSON
+            raise ModelError("model provider sent a malformed stream", retryable=True) from exc
         finally:
             _deadline.reset(token)
         if not isinstance(result, ChatCompletion) or not result.choices:
             raise ModelError("model provider sent a response without choices", retryable=True)
         return self._parse(result)
+
+    async def _current_images(self, history: Sequence[Message]) -> dict[str, str]:
+        """Data URLs of the images in the latest USER message, by SHA-256."""
+        latest = next((m for m in reversed(history) if m.role is Role.USER), None)
+        if latest is None or self.media_store is None:
+            return {}
+        urls: dict[str, str] = {}
+        for part in latest.parts:
+            if isinstance(part, ImagePart) and part.sha256 not in urls:
+                data = await self.media_store.read(part.sha256)
+                if data is not None:
+                    encoded = base64.b64encode(data).decode("ascii")
+                    urls[part.sha256] = f"data:{part.mime_type};base64,{encoded}"
+        return urls
 
     @staticmethod
     def _parse(completion: ChatCompletion) -> ModelResponse:
@@ -354,17 +468,10 @@ class OpenAICompatibleModel:
                 calls.append(ToolCall(id=call_id, name=name or "unknown"))
                 invalid[call_id] = f"tool call type {raw.type!r} is not supported"
                 continue
-            arguments: Any
-            try:
-                arguments = json.loads(raw.function.arguments or "{}")
-            except ValueError:
-                arguments = None
-            if not isinstance(arguments, dict):
-                logger.warning("Model sent tool call %s with invalid JSON arguments", call_id)
-                calls.append(ToolCall(id=call_id, name=raw.function.name))
-                invalid[call_id] = INVALID_JSON_ARGUMENTS
-                continue
-            calls.append(ToolCall(id=call_id, name=raw.function.name, arguments=arguments))
+            call, problem = tool_call_of(call_id, raw.function.name, raw.function.arguments)
+            calls.append(call)
+            if problem is not None:
+                invalid[call_id] = problem
         usage = Usage()
         if completion.usage is not None:
             usage = Usage(

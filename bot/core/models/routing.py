@@ -24,7 +24,8 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from bot.core._schema import gemini_compatible_schema
@@ -56,6 +57,7 @@ DEFAULT_OLLAMA_BASE_URL = "http://localhost:11434/v1"
 _OPENAI_PREFIXES = ("gpt-", "o1", "o3", "o4", "chatgpt-")
 _OFFLINE = "offline"
 _DEFAULT_TIMEOUT = 60.0
+_DEFAULT_MEDIA_DIR = "data/media"
 
 
 @runtime_checkable
@@ -122,6 +124,10 @@ class ModelSettings:
     """``DEFAULT_MODEL``: the model of agents that name none."""
     model_timeout_seconds: float = 60.0
     """Total time one model call may take, retries included."""
+    media_dir: str | None = field(default=None, compare=False)
+    """Where the media store keeps images (``DATA_DIR/media``); ``None`` is ``data/media``."""
+    max_media_bytes: int = field(default=0, compare=False)
+    """``MAX_MEDIA_BYTES``: the largest file a tool may attach; 0 is the store's default."""
 
     def __repr__(self) -> str:  # keys never reach a log line
         return (
@@ -154,6 +160,8 @@ class ModelSettings:
             ollama_base_url=settings.ollama_base_url or None,
             default_model=settings.default_model or None,
             model_timeout_seconds=float(timeout) if timeout else _DEFAULT_TIMEOUT,
+            media_dir=_media_dir(getattr(settings, "data_dir", None)),
+            max_media_bytes=int(getattr(settings, "max_media_bytes", 0) or 0),
         )
 
     @classmethod
@@ -190,7 +198,26 @@ class ModelSettings:
             ollama_base_url=get("OLLAMA_BASE_URL"),
             default_model=get("DEFAULT_MODEL"),
             model_timeout_seconds=timeout,
+            media_dir=_media_dir(get("DATA_DIR")),
+            max_media_bytes=_positive_int(get("MAX_MEDIA_BYTES"), "MAX_MEDIA_BYTES"),
         )
+
+
+def _positive_int(raw: str | None, name: str) -> int:
+    """``raw`` as a positive integer (0 when unset); anything else names ``name``."""
+    if raw is None:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigurationError(f"{name}: {raw!r} is not a positive whole number", setting=name)
+    return value
+
+
+def _media_dir(data_dir: object) -> str | None:
+    return None if data_dir is None else str(Path(str(data_dir)) / "media")
 
 
 def default_model_name(settings: ModelSettings) -> str:
@@ -282,9 +309,14 @@ class ModelRouter:
         client = self._clients.get(key)
         if client is None:
             # Deferred: the SDK import is the slowest part of start-up (module docstring).
+            from bot.core.media_store import MediaStore
             from bot.core.models.openai_compat import OpenAICompatibleModel
 
-            options: dict[str, Any] = {"total_timeout": self.settings.model_timeout_seconds}
+            media = MediaStore(Path(self.settings.media_dir or _DEFAULT_MEDIA_DIR))
+            options: dict[str, Any] = {
+                "total_timeout": self.settings.model_timeout_seconds,
+                "media_store": media,
+            }
             if route.provider == "gemini":
                 options["schema_transform"] = gemini_compatible_schema
             options.update(self._client_options)

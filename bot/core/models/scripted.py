@@ -3,25 +3,31 @@
 >>> model = ScriptedModel([ScriptedModel.call("lookup_order", order_id="1234"),
 ...                        ScriptedModel.reply("It ships tomorrow.")])
 
-A step may also be an exception (raised instead of answering) or a callable
-taking the ``RecordedCall`` and returning a ``ModelResponse`` (or an awaitable
-of one), e.g. to hold a turn inside the model call until an ``asyncio.Event``
-is set.
+A step may also be an exception (raised instead of answering), a
+``PartialAnswer`` (some text streamed, then an exception: a model failing
+mid-answer) or a callable taking the ``RecordedCall`` and returning a
+``ModelResponse`` (or an awaitable of one), e.g. to hold a turn inside the
+model call until an ``asyncio.Event`` is set.
+
+``stream`` plays the same steps, handing out the text word by word.
 """
 
 from __future__ import annotations
 
 import inspect
 import itertools
+import re
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from bot.core.messages import Message, ToolCall
-from bot.core.models.base import ModelResponse, ToolSpec, Usage, current_agent_name
+from bot.core.models.base import ModelResponse, OnText, ToolSpec, Usage, current_agent_name
 
-__all__ = ["RecordedCall", "ScriptExhaustedError", "ScriptedModel", "Step"]
+__all__ = ["PartialAnswer", "RecordedCall", "ScriptExhaustedError", "ScriptedModel", "Step"]
+
+_PIECE_RE = re.compile(r"\s*\S+\s*|\s+")
 
 
 @dataclass(frozen=True)
@@ -45,9 +51,20 @@ class RecordedCall:
         return [spec.name for spec in self.tools]
 
 
+@dataclass(frozen=True)
+class PartialAnswer:
+    """A step that streams ``text`` and then raises ``error`` (``complete`` just raises)."""
+
+    text: str
+    """What is handed out before the failure."""
+    error: BaseException
+    """Raised after the text."""
+
+
 Step = (
     ModelResponse
     | BaseException
+    | PartialAnswer
     | Callable[[RecordedCall], ModelResponse | Awaitable[ModelResponse]]
 )
 """One scripted answer."""
@@ -90,6 +107,31 @@ class ScriptedModel:
         tools: Sequence[ToolSpec],
     ) -> ModelResponse:
         """Record the request and play the next step."""
+        return await self._play(model, system, messages, tools, None)
+
+    async def stream(
+        self,
+        *,
+        model: str,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        on_text: OnText,
+    ) -> ModelResponse:
+        """Like ``complete``, handing the answer's text to ``on_text`` word by word."""
+        response = await self._play(model, system, messages, tools, on_text)
+        for piece in _PIECE_RE.findall(response.content or ""):
+            on_text(piece)
+        return response
+
+    async def _play(
+        self,
+        model: str,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        on_text: OnText | None,
+    ) -> ModelResponse:
         record = RecordedCall(
             model=model,
             system=system,
@@ -106,6 +148,11 @@ class ScriptedModel:
         step = self._queue.popleft()
         if isinstance(step, BaseException):
             raise step
+        if isinstance(step, PartialAnswer):
+            if on_text is not None:
+                for piece in _PIECE_RE.findall(step.text):
+                    on_text(piece)
+            raise step.error
         if isinstance(step, ModelResponse):
             return step
         produced = step(record)

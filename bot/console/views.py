@@ -1,0 +1,389 @@
+"""The console's pages and actions (each behind ``Guard``), and its route table.
+
+Pages are server-rendered; every action is a POST form answered with a
+redirect to the page it came from (post/redirect/get), so the console works
+with any browser, a screen reader or ``curl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from bot.console import queries
+from bot.console.auth import COOKIE_NAME, SESSION_SECONDS, Principal
+from bot.console.guard import Guard, client_of, read_form, secure
+from bot.console.sse import transcript_stream
+from bot.console.templating import STATIC_TYPES, ConsoleAssets
+from bot.console.webchat import WEB_PLATFORM, WebChannel
+from bot.core.memory import TransactionalStore
+from bot.errors import ChatflowError
+from bot.gateway.contract import MessageEvent
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.takeover import ConversationNotFoundError, OperatorDesk, Takeovers
+from bot.metrics import Metrics
+
+__all__ = ["MAX_REPLY_CHARS", "ConsoleServices", "ConsoleViews"]
+
+logger = logging.getLogger(__name__)
+
+MAX_REPLY_CHARS: Final = 16_000
+"""Longest reply an operator may send."""
+_SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+_OBLIGATION_ID_RE: Final = re.compile(r"[0-9a-f]{1,64}")
+_ERRORS: Final = {
+    "noroute": "No message of this conversation says where to reply (it may have been pruned).",
+    "empty": "A reply needs some text.",
+    "failed": "The reply could not be recorded; nothing was sent. Try again.",
+    "ignored": "The bot ignored it: with an allow list, add console-operator to ALLOWED_USERS.",
+    "noweb": "The web channel is not running.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleServices:
+    """What the console reads and acts on, from the running gateway."""
+
+    store: TransactionalStore
+    """The session store (read through SQL)."""
+    ledger: DeliveryLedger
+    """The delivery ledger (retry, abandon)."""
+    takeovers: Takeovers
+    """Takeover state (the one the message path reads)."""
+    desk: OperatorDesk
+    """Sends a person's replies."""
+    send_requeued: Callable[[], Awaitable[int]]
+    """Sends rows the operator re-queued now (``Gateway.retry_due(sweep=True)``)."""
+    platforms: tuple[str, ...]
+    """Platform names, for the filter."""
+    metrics: Metrics
+    """This process's metrics (summarised on the ledger page)."""
+    web: WebChannel | None = None
+    """The web channel, to try the agents from the browser (``None``: not offered)."""
+    session_of: Callable[[MessageEvent], str] | None = None
+    """The session id a message is routed to (``Gateway.session_key_for`` hashed)."""
+
+
+class ConsoleViews:
+    """Handlers of every console route."""
+
+    def __init__(
+        self, services: ConsoleServices, guard: Guard, assets: ConsoleAssets, prefix: str
+    ) -> None:
+        self.services = services
+        self.guard = guard
+        self.assets = assets
+        self.prefix = prefix
+
+    def routes(self) -> list[BaseRoute]:
+        """The console's routes, every one behind the guard except sign-in and static."""
+        p, wrap = self.prefix, self.guard.wrap
+        return [
+            Route(f"{p}/login", self.login_form, methods=["GET"]),
+            Route(f"{p}/login", self.login, methods=["POST"]),
+            Route(f"{p}/static/{{name}}", self.static, methods=["GET"]),
+            Route(f"{p}/logout", wrap(self.logout), methods=["POST"]),
+            Route(p, wrap(self.conversations, page=True), methods=["GET"]),
+            Route(f"{p}/ledger", wrap(self.ledger, page=True), methods=["GET"]),
+            Route(f"{p}/ledger/{{oid}}/retry", wrap(self.retry), methods=["POST"]),
+            Route(f"{p}/ledger/{{oid}}/abandon", wrap(self.abandon), methods=["POST"]),
+            Route(f"{p}/c/{{sid}}", wrap(self.transcript, page=True), methods=["GET"]),
+            Route(f"{p}/c/{{sid}}/messages", wrap(self.messages), methods=["GET"]),
+            Route(f"{p}/c/{{sid}}/events", wrap(self.events), methods=["GET"]),
+            Route(f"{p}/c/{{sid}}/takeover", wrap(self.take_over), methods=["POST"]),
+            Route(f"{p}/c/{{sid}}/handback", wrap(self.hand_back), methods=["POST"]),
+            Route(f"{p}/c/{{sid}}/reply", wrap(self.reply), methods=["POST"]),
+            Route(f"{p}/web", wrap(self.web_page, page=True), methods=["GET"]),
+            Route(f"{p}/web", wrap(self.web_start), methods=["POST"]),
+            Route(f"{p}/c/{{sid}}/say", wrap(self.web_say), methods=["POST"]),
+        ]
+
+    # -- helpers -------------------------------------------------------------
+
+    def _html(
+        self, name: str, who: Principal | None, status: int = 200, **context: Any
+    ) -> Response:
+        csrf = "" if who is None or who.session is None else self.guard.auth.csrf_for(who.session)
+        extra: dict[str, Any] = {}
+        if who is not None:
+            extra = {"csrf": csrf, "web_enabled": self.services.web is not None}
+        body = self.assets.render(name, prefix=self.prefix, **extra, **context)
+        return HTMLResponse(body, status_code=status)
+
+    def _back(self, path: str, error: str | None = None) -> Response:
+        target = f"{self.prefix}{path}" + (f"?error={error}" if error else "")
+        return RedirectResponse(target, status_code=303)
+
+    @staticmethod
+    def _sid(request: Request) -> str | None:
+        sid = str(request.path_params["sid"])
+        return sid if _SESSION_ID_RE.fullmatch(sid) else None
+
+    # -- sign-in -------------------------------------------------------------
+
+    async def login_form(self, request: Request) -> Response:
+        """The sign-in form."""
+        return secure(self._login_page(request.query_params.get("next", "")))
+
+    def _login_page(self, target: str, error: str = "", status: int = 200) -> Response:
+        body = self.assets.render(
+            "login.html", prefix=self.prefix, next=self._safe_next(target), error=error
+        )
+        return HTMLResponse(body, status_code=status)
+
+    def _safe_next(self, target: str) -> str:
+        # Only a path of the console itself: never an open redirect.
+        ok = target.startswith(self.prefix) and not target.startswith("//") and "\\" not in target
+        return target if ok else self.prefix
+
+    async def login(self, request: Request) -> Response:
+        """Check the posted token; set the session cookie."""
+        auth = self.guard.auth
+        client = client_of(request)
+        wait = auth.blocked_for(client)
+        if wait:
+            response: Response = self._login_page("", "Too many wrong tokens; wait.", 429)
+            response.headers["Retry-After"] = str(int(wait) + 1)
+            return secure(response)
+        form = await read_form(request) or {}
+        if not auth.token_ok(form.get("token", "")):
+            auth.record_failure(client)
+            logger.warning("console sign-in refused: wrong token")
+            return secure(self._login_page(form.get("next", ""), "Wrong token.", 401))
+        response = RedirectResponse(self._safe_next(form.get("next", "")), status_code=303)
+        response.set_cookie(
+            COOKIE_NAME,
+            auth.new_session(),
+            max_age=SESSION_SECONDS,
+            path=self.prefix,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        logger.info("console sign-in")
+        return secure(response)
+
+    async def logout(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """Drop the session cookie."""
+        response = self._back("/login")
+        response.delete_cookie(COOKIE_NAME, path=self.prefix)
+        return response
+
+    async def static(self, request: Request) -> Response:
+        """``console.js`` and ``console.css``; anything else is 404 (no listing)."""
+        name = str(request.path_params["name"])
+        if name not in STATIC_TYPES:
+            return secure(PlainTextResponse("not found", status_code=404))
+        response = Response(self.assets.static[name], media_type=STATIC_TYPES[name])
+        response.headers["Cache-Control"] = "private, max-age=300"
+        return secure(response)
+
+    # -- conversations ---------------------------------------------------------
+
+    async def conversations(
+        self, request: Request, who: Principal, form: Mapping[str, str]
+    ) -> Response:
+        """The conversation list: filter by platform, search by text, key-set pages."""
+        params = request.query_params
+        platform = params.get("platform", "").strip()
+        if platform not in self.services.platforms:
+            platform = ""
+        search = params.get("q", "").strip()[:200]
+        before = params.get("before", "").strip() or None
+        rows, next_cursor = await queries.list_conversations(
+            self.services.store, platform=platform or None, search=search or None, before=before
+        )
+
+        def query(**values: str | None) -> str:
+            return urlencode({k: v for k, v in values.items() if v})
+
+        return self._html(
+            "conversations.html",
+            who,
+            rows=rows,
+            platforms=self.services.platforms,
+            platform=platform,
+            search=search,
+            before=before,
+            next_cursor=next_cursor,
+            query=query,
+            search_window=queries.SEARCH_WINDOW,
+        )
+
+    async def transcript(
+        self, request: Request, who: Principal, form: Mapping[str, str]
+    ) -> Response:
+        """One conversation: its messages live, takeover controls and the reply box."""
+        sid = self._sid(request)
+        row = None if sid is None else await queries.conversation(self.services.store, sid)
+        if row is None and sid is not None and self._is_web(sid):
+            # Just started from the web page: its session is created when its turn begins.
+            row = queries.ConversationRow(sid, WEB_PLATFORM, "DM", "…", "", 0, False)
+        if sid is None or row is None:
+            return PlainTextResponse("no such conversation", status_code=404)
+        items = await queries.transcript(self.services.store, sid)
+        return self._html(
+            "transcript.html",
+            who,
+            row=row,
+            web=self._is_web(sid),
+            items=items,
+            error=_ERRORS.get(request.query_params.get("error", ""), ""),
+            nonce=uuid.uuid4().hex,
+            max_reply=MAX_REPLY_CHARS,
+        )
+
+    async def messages(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """The rendered messages of a transcript (what the live view swaps in)."""
+        sid = self._sid(request)
+        if sid is None:
+            return PlainTextResponse("no such conversation", status_code=404)
+        items = await queries.transcript(self.services.store, sid)
+        return self._html("messages.html", who, items=items)
+
+    async def events(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """The live stream of a transcript (Server-Sent Events)."""
+        sid = self._sid(request)
+        if sid is None:
+            return PlainTextResponse("no such conversation", status_code=404)
+        return transcript_stream(self.services.store, sid)
+
+    # -- takeover ------------------------------------------------------------
+
+    async def take_over(
+        self, request: Request, who: Principal, form: Mapping[str, str]
+    ) -> Response:
+        """Stop the bot answering this conversation."""
+        sid = self._sid(request)
+        if sid is None or await queries.conversation(self.services.store, sid) is None:
+            return PlainTextResponse("no such conversation", status_code=404)
+        await self.services.takeovers.take_over(sid)
+        return self._back(f"/c/{sid}")
+
+    async def hand_back(
+        self, request: Request, who: Principal, form: Mapping[str, str]
+    ) -> Response:
+        """Let the bot answer this conversation again."""
+        sid = self._sid(request)
+        if sid is None:
+            return PlainTextResponse("no such conversation", status_code=404)
+        await self.services.takeovers.hand_back(sid)
+        return self._back(f"/c/{sid}")
+
+    async def reply(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """Send the operator's reply through the ledger."""
+        sid = self._sid(request)
+        if sid is None:
+            return PlainTextResponse("no such conversation", status_code=404)
+        text = form.get("text", "").replace("\r\n", "\n").strip()
+        if not text or len(text) > MAX_REPLY_CHARS:
+            return self._back(f"/c/{sid}", "empty")
+        if await queries.conversation(self.services.store, sid) is None:
+            return PlainTextResponse("no such conversation", status_code=404)
+        # A person replying means a person answers now: the bot must not talk over them.
+        await self.services.takeovers.take_over(sid)
+        try:
+            await self.services.desk.reply(sid, text, nonce=_nonce(form))
+        except ConversationNotFoundError:
+            return self._back(f"/c/{sid}", "noroute")
+        except ChatflowError as exc:
+            logger.warning("operator reply in session %s failed: %s", sid, type(exc).__name__)
+            return self._back(f"/c/{sid}", "failed")
+        return self._back(f"/c/{sid}")
+
+    # -- ledger ----------------------------------------------------------------
+
+    async def ledger(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """Owed, failed and abandoned replies, with retry and abandon buttons."""
+        store = self.services.store
+        await self.services.ledger.flush()  # delivered marks buffered so far count
+        rows = await queries.ledger_rows(store)
+        counts = await queries.ledger_counts(store)
+        taken = len(await self.services.takeovers.reload())
+        now = datetime.now(UTC)
+        return self._html(
+            "ledger.html",
+            who,
+            rows=rows,
+            counts=counts,
+            taken_over=taken,
+            metrics=queries.metric_totals(self.services.metrics),
+            age=lambda moment: queries.age(moment, now),
+        )
+
+    async def retry(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """``ledger retry``: re-queue a failed or abandoned reply, and send it now."""
+        oid = str(request.path_params["oid"])
+        if _OBLIGATION_ID_RE.fullmatch(oid) and await self.services.ledger.retry(oid):
+            await self.services.send_requeued()
+        return self._back("/ledger")
+
+    async def abandon(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """``ledger abandon``: give an undelivered reply up."""
+        oid = str(request.path_params["oid"])
+        reason = form.get("reason", "").strip()[:200] or "abandoned in the console"
+        if _OBLIGATION_ID_RE.fullmatch(oid):
+            await self.services.ledger.abandon(oid, reason)
+        return self._back("/ledger")
+
+    # -- the web channel -----------------------------------------------------------
+
+    def _is_web(self, sid: str) -> bool:
+        return self.services.web is not None and sid.startswith(f"{WEB_PLATFORM}-")
+
+    async def web_page(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """Try the agents: start a conversation, or open one started here before."""
+        if self.services.web is None:
+            return PlainTextResponse("the web channel is off", status_code=404)
+        rows, _ = await queries.list_conversations(self.services.store, platform=WEB_PLATFORM)
+        error = _ERRORS.get(request.query_params.get("error", ""), "")
+        return self._html("web.html", who, rows=rows, nonce=uuid.uuid4().hex, error=error)
+
+    async def web_start(
+        self, request: Request, who: Principal, form: Mapping[str, str]
+    ) -> Response:
+        """Start a new web conversation with its first message."""
+        nonce = _nonce(form)
+        return await self._say(f"try-{nonce[:12]}", form, nonce, "/web")
+
+    async def web_say(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """Say something as the test user of a web conversation."""
+        sid = self._sid(request)
+        if sid is None or not self._is_web(sid):
+            return PlainTextResponse("not a web conversation", status_code=404)
+        route = await self.services.desk.route(sid)
+        if route is None or route.platform != WEB_PLATFORM:
+            return self._back(f"/c/{sid}", "noroute")
+        return await self._say(route.chat_id, form, _nonce(form), f"/c/{sid}")
+
+    async def _say(self, chat_id: str, form: Mapping[str, str], nonce: str, back: str) -> Response:
+        web, session_of = self.services.web, self.services.session_of
+        text = form.get("text", "").replace("\r\n", "\n").strip()
+        if web is None or session_of is None:
+            return self._back(back, "noweb")
+        if not text or len(text) > MAX_REPLY_CHARS:
+            return self._back(back, "empty")
+        try:
+            event, accepted = await web.say(chat_id, text, message_id=nonce)
+        except ChatflowError as exc:
+            logger.warning("web channel message refused: %s", type(exc).__name__)
+            return self._back(back, "noweb")
+        session_id = session_of(event)
+        if not accepted and await queries.conversation(self.services.store, session_id) is None:
+            return self._back(back, "ignored")
+        return self._back(f"/c/{session_id}")
+
+
+def _nonce(form: Mapping[str, str]) -> str:
+    nonce = form.get("nonce", "")
+    return nonce if re.fullmatch(r"[0-9a-f]{32}", nonce) else uuid.uuid4().hex

@@ -1,0 +1,363 @@
+"""``MCPServer``: the life of one MCP server's connection, and calls through it.
+
+The transports (``MCPServerStdio``, ``MCPServerStreamableHttp``) are in
+``bot.core.mcp_servers``. Each server's connection lives in one supervisor task
+(the SDK's client is an anyio context: it is entered and left in that task):
+it connects, lists the tools, refreshes them when the server says they
+changed, and when the connection dies it reconnects with backoff. Calls made
+meanwhile get an error result, never an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+from bot.core.mcp_tools import DEFAULT_MAX_OUTPUT_CHARS, MCPTool, build_tools, render_result
+from bot.core.tools import DEFAULT_TOOL_TIMEOUT, error_result
+from bot.errors import MCPServerError
+
+if TYPE_CHECKING:
+    from mcp import Client
+    from mcp.client.session import IncomingMessage
+
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "MCPServer", "MCPServerStatus"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONNECT_TIMEOUT = 20.0
+"""Seconds a server may take to start and list its tools."""
+
+MCPServerStatus = Literal["idle", "connecting", "connected", "reconnecting", "closed"]
+"""Where a server's connection stands."""
+
+_BACKOFF_FIRST = 0.5
+_BACKOFF_MAX = 30.0
+_CLOSE_GRACE = 5.0
+_MAX_REASON = 200
+_LIST_PAGES = 100
+
+
+def _reason(exc: BaseException) -> str:
+    """One short line for an exception (the first leaf of an exception group)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line if len(line) <= _MAX_REASON else line[: _MAX_REASON - 1] + "…"
+
+
+def _is_connection_closed(exc: BaseException) -> bool:
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    return isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED
+
+
+class _StreamEnded(ConnectionError):
+    """The server ended its change stream: the connection is going away."""
+
+
+class MCPServer:
+    """An MCP server whose tools an ``Agent`` offers (base of the transports).
+
+    One object may serve several agents; it is connected once. ``connect()`` and
+    ``close()`` are called by the ``Runner`` (``async with Runner(...)``), the
+    bot and ``chatflow chat``; ``async with server:`` works on its own too.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        optional: bool = False,
+        connect_timeout_seconds: float = DEFAULT_CONNECT_TIMEOUT,
+        client_session_timeout_seconds: float = DEFAULT_TOOL_TIMEOUT,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+    ) -> None:
+        if not name or not name.strip():
+            raise ValueError("an MCP server needs a non-empty name")
+        if connect_timeout_seconds <= 0 or client_session_timeout_seconds <= 0:
+            raise ValueError(f"MCP server {name!r}: timeouts must be positive")
+        if max_output_chars < 100:
+            raise ValueError(f"MCP server {name!r}: max_output_chars must be at least 100")
+        self.name = name
+        """Names the server in logs, errors and ``doctor``."""
+        self.optional = optional
+        """If true, the bot starts without this server's tools when it cannot start."""
+        self.connect_timeout_seconds = connect_timeout_seconds
+        """Seconds allowed to start, connect and list the tools."""
+        self.client_session_timeout_seconds = client_session_timeout_seconds
+        """Seconds one tool call may take before the model gets a timeout error."""
+        self.max_output_chars = max_output_chars
+        """Characters of a result the model sees; the rest is cut."""
+        self.status: MCPServerStatus = "idle"
+        """Where the connection stands."""
+        self.last_error: str | None = None
+        """Why the last connection attempt failed or ended (no secrets: a type and a message)."""
+        self._tools: tuple[MCPTool, ...] = ()
+        self._client: Client | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._background: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        # Never the params: env and headers carry secrets.
+        return f"{type(self).__name__}(name={self.name!r}, status={self.status!r})"
+
+    @property
+    def tools(self) -> tuple[MCPTool, ...]:
+        """The tools as last listed (kept while reconnecting, so calls get an error)."""
+        return self._tools
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether a call would reach the server now."""
+        return self._client is not None
+
+    def describe(self) -> str:
+        """Where the server is, for ``doctor`` (no env, no headers)."""
+        return self.name
+
+    def _target(self) -> Any:
+        """What ``mcp.Client`` connects to (a transport, parameters or a URL)."""
+        raise NotImplementedError
+
+    def _new_client(self) -> Client:
+        from mcp import Client
+
+        return Client(self._target(), message_handler=self._on_message)
+
+    # -- life cycle --------------------------------------------------------------
+
+    async def connect(self, within: float | None = None) -> None:
+        """Start the server, connect and list its tools, in ``within`` seconds.
+
+        Raises ``MCPServerError`` naming the server and the reason. A required
+        server is then closed; an optional one keeps trying in the background.
+        Calling it on a connected server does nothing.
+        """
+        if self._task is not None and not self._task.done():
+            if self.is_connected:
+                return
+            await self.close()
+        limit = within if within is not None else self.connect_timeout_seconds
+        self._closing = False
+        self._wake = asyncio.Event()  # bound to this loop: a server may outlive one
+        first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._supervise(first), name=f"mcp-server:{self.name}")
+        try:
+            async with asyncio.timeout(limit):
+                await asyncio.shield(first)
+        except TimeoutError:
+            first.cancel()
+            self.last_error = f"no answer within {limit:g} s"
+            await self._give_up()
+            raise MCPServerError(
+                f"MCP server {self.name!r} failed to start: {self.last_error}", server=self.name
+            ) from None
+        except MCPServerError:
+            await self._give_up()
+            raise
+
+    async def _give_up(self) -> None:
+        if not self.optional:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the connection (and stop a child process). Safe to call twice."""
+        task, self._task = self._task, None
+        self._closing = True
+        self._wake.set()
+        if task is not None and not task.done():
+            # Connected: leave the SDK's context in order (it stops a child process
+            # politely). Still connecting or stuck: nothing to be polite to.
+            done: set[asyncio.Task[None]] = set()
+            if self.is_connected:
+                done, _ = await asyncio.wait({task}, timeout=_CLOSE_GRACE)
+            if not done:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for pending in list(self._background):
+            pending.cancel()
+        self.status = "closed"
+
+    async def __aenter__(self) -> Self:
+        """Connect (``connect()``) and return the server."""
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Close it."""
+        await self.close()
+
+    def _stopped(self) -> bool:
+        return self._closing
+
+    async def _supervise(self, first: asyncio.Future[None]) -> None:
+        """Keep a connection up until ``close()``; reconnect with backoff when it dies."""
+        delay = _BACKOFF_FIRST
+        while not self._stopped():
+            self._wake.clear()
+            self.status = "connecting" if not first.done() else "reconnecting"
+            try:
+                async with self._new_client() as client:
+                    await self._refresh(client)
+                    self._client = client
+                    self.status = "connected"
+                    self.last_error = None
+                    if first.done():
+                        logger.info(
+                            "MCP server %s reconnected (%d tools)", self.name, len(self._tools)
+                        )
+                    else:
+                        first.set_result(None)
+                        logger.info(
+                            "MCP server %s connected (%d tools)", self.name, len(self._tools)
+                        )
+                    delay = _BACKOFF_FIRST
+                    await self._watch(client)
+            except Exception as exc:
+                self.last_error = _reason(exc)
+                if not first.done():
+                    first.set_exception(
+                        MCPServerError(
+                            f"MCP server {self.name!r} failed to start: {self.last_error}",
+                            server=self.name,
+                        )
+                    )
+                    # A required server is closed by connect(); an optional one retries.
+                    if not self.optional:
+                        return
+            finally:
+                self._client = None
+            if self._stopped():
+                break
+            self.status = "reconnecting"
+            logger.warning(
+                "MCP server %s unavailable (%s); retrying in %.1f s",
+                self.name,
+                self.last_error or "connection ended",
+                delay,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    async def _watch(self, client: Client) -> None:
+        """Return (or raise) once the connection is lost or ``close()`` was called."""
+        listener = asyncio.create_task(self._listen(client))
+        woken = asyncio.create_task(self._wake.wait())
+        try:
+            await asyncio.wait({listener, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (listener, woken):
+                task.cancel()
+            await asyncio.gather(listener, woken, return_exceptions=True)
+        if listener.done() and not listener.cancelled() and listener.exception() is not None:
+            raise listener.exception()  # type: ignore[misc]
+        if not self._closing and self.last_error is None:
+            self.last_error = "connection lost"
+
+    async def _listen(self, client: Client) -> None:
+        """Refresh the tools on each change event (2026-07-28 ``subscriptions/listen``).
+
+        Servers of the earlier protocol send ``notifications/tools/list_changed``
+        on the session instead (``_on_message``); for them this waits forever.
+        """
+        from mcp.client.subscriptions import ListenNotSupportedError
+        from mcp.shared.exceptions import MCPError
+
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                async for _event in subscription:
+                    await self._refresh(client)
+        except ListenNotSupportedError:
+            pass
+        except MCPError as exc:
+            if _is_connection_closed(exc):
+                raise
+            logger.info("MCP server %s sends no change events (%s)", self.name, _reason(exc))
+        else:
+            raise _StreamEnded("the server closed its change stream")
+        await asyncio.Event().wait()
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        import mcp_types as types
+
+        if isinstance(message, types.ToolListChangedNotification):
+            client = self._client
+            if client is not None:
+                task = asyncio.create_task(self._refresh_quietly(client))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    async def _refresh_quietly(self, client: Client) -> None:
+        try:
+            await self._refresh(client)
+        except Exception as exc:
+            logger.warning("MCP server %s: tool refresh failed (%s)", self.name, _reason(exc))
+
+    async def _refresh(self, client: Client) -> None:
+        listed = []
+        cursor: str | None = None
+        for _ in range(_LIST_PAGES):
+            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+            listed.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        before = {tool.name for tool in self._tools}
+        self._tools = tuple(build_tools(self, listed))
+        for tool in self._tools:
+            if tool.name != tool.mcp_name and tool.name not in before:
+                logger.info(
+                    "MCP server %s: tool %r offered as %r", self.name, tool.mcp_name, tool.name
+                )
+        after = {tool.name for tool in self._tools}
+        if self.status == "connected" and before != after:
+            logger.info("MCP server %s: tools changed (%d tools)", self.name, len(after))
+
+    # -- calls -------------------------------------------------------------------
+
+    async def call_tool_text(
+        self, tool: MCPTool, arguments: dict[str, Any], meta: Mapping[str, Any]
+    ) -> str:
+        """Call ``tool`` and return what the model reads; every failure is an error result."""
+        client = self._client
+        if client is None:
+            return error_result(
+                f"MCP server '{self.name}' is not available right now ({self.status}); "
+                "tell the user and try again later"
+            )
+        timeout = self.client_session_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                result = await client.call_tool(tool.mcp_name, arguments, meta=dict(meta))  # type: ignore[arg-type]
+        except TimeoutError as exc:
+            if not scope.expired():
+                return self._failed(tool, exc)
+            logger.warning("MCP tool %s on %s timed out after %s s", tool.name, self.name, timeout)
+            return error_result(f"tool '{tool.name}' timed out after {timeout:g} s")
+        except Exception as exc:
+            if _is_connection_closed(exc):
+                self._wake.set()  # the supervisor reconnects
+                logger.warning("MCP server %s: connection lost during a call", self.name)
+                return error_result(f"MCP server '{self.name}' is not reachable: connection lost")
+            return self._failed(tool, exc)
+        return render_result(result, self.max_output_chars)
+
+    def _failed(self, tool: MCPTool, exc: Exception) -> str:
+        logger.warning("MCP tool %s on %s failed: %s", tool.name, self.name, type(exc).__name__)
+        return error_result(f"tool '{tool.name}' failed: {_reason(exc)}")

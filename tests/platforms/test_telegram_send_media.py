@@ -1,0 +1,77 @@
+"""Telegram media out: ``sendPhoto`` / ``sendDocument`` uploads against the fake Bot API."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bot.errors import PlatformError
+from bot.gateway.contract import MessageEvent, OutgoingFile
+from bot.platforms import telegram_send_media
+from bot.platforms.telegram import TelegramAdapter
+from tests.fakes.media_files import jpeg_bytes, pdf_bytes
+from tests.fakes.telegram_server import FakeTelegramServer, Fault
+
+PHOTO = OutgoingFile("image", jpeg_bytes(), "image/jpeg", "chart.jpg")
+REPORT = OutgoingFile("document", pdf_bytes("Q3 report"), "application/pdf", "q3.pdf")
+
+
+@pytest.fixture
+async def adapter() -> AsyncIterator[tuple[TelegramAdapter, FakeTelegramServer]]:
+    async with FakeTelegramServer() as server:
+        made = TelegramAdapter(server.token, base_url=server.base_url, poll_timeout=1)
+
+        async def on_event(event: MessageEvent) -> bool:
+            return True
+
+        await made.start(on_event)
+        try:
+            yield made, server
+        finally:
+            await made.stop()
+
+
+async def test_images_go_as_photos_and_files_as_documents_with_their_bytes(
+    adapter: tuple[TelegramAdapter, FakeTelegramServer],
+) -> None:
+    telegram, server = adapter
+    result = await telegram.send_attachments("111111111", [PHOTO, REPORT], thread_id="7")
+    photo, document = server.files_sent
+    assert (photo.method, photo.chat_id, photo.message_thread_id) == ("sendPhoto", 111111111, 7)
+    assert photo.file.data == jpeg_bytes() and photo.file.filename == "chart.jpg"
+    assert document.method == "sendDocument" and document.file.data == REPORT.data
+    assert document.file.filename == "q3.pdf"
+    assert result.message_ids == [str(photo.message_id), str(document.message_id)]
+
+
+async def test_a_failure_after_a_file_went_out_is_ambiguous(
+    adapter: tuple[TelegramAdapter, FakeTelegramServer],
+) -> None:
+    telegram, server = adapter
+    server.inject("sendDocument", Fault.server_error())
+    with pytest.raises(PlatformError) as caught:
+        await telegram.send_attachments("111111111", [PHOTO, REPORT])
+    assert caught.value.ambiguous and caught.value.retryable
+    assert [f.method for f in server.files_sent] == ["sendPhoto"]
+
+
+async def test_a_refused_first_file_is_not_ambiguous(
+    adapter: tuple[TelegramAdapter, FakeTelegramServer],
+) -> None:
+    telegram, server = adapter
+    lying = OutgoingFile("image", b"not an image at all", "image/jpeg", "x.jpg")
+    with pytest.raises(PlatformError) as caught:
+        await telegram.send_attachments("111111111", [lying])
+    assert not caught.value.ambiguous and not caught.value.retryable
+    assert server.files_sent == []
+
+
+async def test_an_image_over_telegrams_photo_limit_goes_as_a_document(
+    adapter: tuple[TelegramAdapter, FakeTelegramServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    telegram, server = adapter
+    monkeypatch.setattr(telegram_send_media, "MAX_PHOTO_BYTES", len(PHOTO.data) - 1)
+    await telegram.send_attachments("111111111", [PHOTO])
+    (sent,) = server.files_sent
+    assert sent.method == "sendDocument" and sent.file.data == PHOTO.data
