@@ -347,17 +347,19 @@ async def test_work_of_killed_processes_is_taken_over_without_a_restart(
         stuck, sending, survivor = fleet.bots
         sender = WebhookSender(f"{stuck.url}/webhooks/whatsapp", APP_SECRET)
 
-        in_turn = sender.text("where is my order #1001?", wa_id="16505550001")
-        assert (await sender.post_one(in_turn)).status_code == 200
-        await asyncio.wait_for(model.requests.wait(), 20)
-        await stuck.kill()
-
         fleet.graphs[1].inject_hang(1)
         in_send = sender.text("and order #2002?", wa_id="16505550002")
         to_sending = WebhookSender(f"{sending.url}/webhooks/whatsapp", APP_SECRET)
         assert (await to_sending.post_one(in_send)).status_code == 200
         await fleet.graphs[1].wait_for_hung(1, within=20)
+
+        in_turn = sender.text("where is my order #1001?", wa_id="16505550001")
+        assert (await sender.post_one(in_turn)).status_code == 200
+        await asyncio.wait_for(model.requests.wait(), 20)
+        # Both die before either lease can expire: only process 2 may take their work
+        # over (were process 1 still alive, it could run process 0's turn itself).
         await sending.kill()
+        await stuck.kill()
 
         turn_reply = await fleet.graphs[2].wait_for_sent(1, within=LEASE_SECONDS * 10)
         sent = await fleet.graphs[2].wait_for_sent(2, within=LEASE_SECONDS * 10)
