@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
+from bot.core.attachments import ToolOutput
 from bot.core.mcp_tools import DEFAULT_MAX_OUTPUT_CHARS, MCPTool, build_tools, render_result
 from bot.core.tools import DEFAULT_TOOL_TIMEOUT, error_result
 from bot.errors import MCPServerError
@@ -331,9 +332,9 @@ class MCPServer:
 
     # -- calls -------------------------------------------------------------------
 
-    async def call_tool_text(
+    async def call_tool(
         self, tool: MCPTool, arguments: dict[str, Any], meta: Mapping[str, Any]
-    ) -> str:
+    ) -> str | ToolOutput:
         """Call ``tool`` and return what the model reads; every failure is an error result."""
         client = self._client
         if client is None:

@@ -12,6 +12,8 @@ model as an ``{"error": ...}`` result it can read.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import hashlib
 import json
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 # The ``@tool`` schema helpers: one way to inline definitions for every tool.
 from bot.core._schema import _inline_refs, _is_recursive, plain_copy
+from bot.core.attachments import Attachment, ToolOutput
 from bot.core.models.base import ToolSpec
 from bot.core.tools import ToolContext, error_result
 
@@ -141,15 +144,34 @@ def _render_block(block: types.ContentBlock) -> str:
         return f"[resource {inner.uri} ({inner.mime_type or 'binary'}), not shown]"
     if isinstance(block, types.ResourceLink):
         return f"[resource link: {block.uri}]"
-    # Images and audio: media parts do not reach models yet, so say what was left out.
+    if isinstance(block, types.ImageContent):
+        return ""  # attached (``_image``): the runtime's note says so
+    # Audio: no way to hand it to the model or the user as a tool's file.
     return f"[{block.type} ({block.mime_type}), not shown]"
 
 
-def render_result(result: types.CallToolResult, limit: int = DEFAULT_MAX_OUTPUT_CHARS) -> str:
-    """The text the model reads for one MCP result, cut to ``limit`` characters.
+def _image(block: types.ContentBlock) -> Attachment | None:
+    """An image block as a file the reply carries (like a function tool's ``Attachment``)."""
+    import mcp_types as types
+
+    if not isinstance(block, types.ImageContent):
+        return None
+    try:
+        data = base64.b64decode(block.data, validate=True)
+    except (binascii.Error, ValueError):
+        return None  # not base64: left out, as the note below says
+    return Attachment.image(data, mime_type=block.mime_type) if data else None
+
+
+def render_result(
+    result: types.CallToolResult, limit: int = DEFAULT_MAX_OUTPUT_CHARS
+) -> str | ToolOutput:
+    """What the model reads for one MCP result, its text cut to ``limit`` characters.
 
     Text blocks are joined; a result with structured content and no text is its
     JSON; ``is_error`` results become ``{"error": ...}`` like any failed tool.
+    Image blocks become the result's attachments (``ToolOutput``): kept in the
+    media store and sent with the reply, as for a function tool's files.
     """
     parts = [_render_block(block) for block in result.content]
     text = "\n".join(part for part in parts if part)
@@ -157,7 +179,12 @@ def render_result(result: types.CallToolResult, limit: int = DEFAULT_MAX_OUTPUT_
         text = json.dumps(result.structured_content, ensure_ascii=False, default=str)
     if result.is_error:
         return error_result(_truncate(text or "the tool reported an error", limit))
-    return _truncate(text, limit)
+    images = [found for block in result.content if (found := _image(block)) is not None]
+    unreadable = sum(1 for b in result.content if b.type == "image") - len(images)
+    if unreadable:
+        text = "\n".join(filter(None, (text, f"[{unreadable} unreadable image(s) left out]")))
+    text = _truncate(text, limit)
+    return ToolOutput(text, images) if images else text
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,8 +222,9 @@ class MCPTool:
             return None  # the server's schema is broken: let the server judge the call
         return None if error is None else _describe_schema_error(error)
 
-    async def invoke(self, ctx: ToolContext, arguments: Mapping[str, Any]) -> str:
-        """Check the arguments, call the server and return the result as text.
+    async def invoke(self, ctx: ToolContext, arguments: Mapping[str, Any]) -> str | ToolOutput:
+        """Check the arguments, call the server and return the result (text, or text and
+        the images it returned).
 
         Never raises for the server's failure; only cancellation propagates.
         """
@@ -206,7 +234,7 @@ class MCPTool:
         meta: dict[str, Any] = {META_SESSION_ID: ctx.session_id, META_AGENT: ctx.agent_name}
         if ctx.inbound_message_id is not None:
             meta[META_INBOUND_MESSAGE_ID] = ctx.inbound_message_id
-        return await self.server.call_tool_text(self, dict(arguments), meta)
+        return await self.server.call_tool(self, dict(arguments), meta)
 
 
 def build_tools(server: MCPServer, listed: Iterable[types.Tool]) -> list[MCPTool]:

@@ -5,20 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver import MCPServer as SDKServer
 
-from bot import MCPServer, MCPServerError, MCPServerStdio
+from bot import ImagePart, MCPServer, MCPServerError, MCPServerStdio
 from bot.core.agent import Agent, tool
+from bot.core.media_store import MediaStore
 from bot.core.messages import Role
+from bot.core.models.routing import ModelSettings
 from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner, RunResult
 from bot.core.tools import ToolContext
 from bot.errors import ConfigurationError
 from tests.fakes.mcp_server import build_fake_server
+from tests.fakes.media_files import jpeg_bytes
 
 
 class InProcessServer(MCPServer):
@@ -73,6 +77,20 @@ async def test_the_servers_tools_are_offered_beside_the_agents_own_and_called_wi
     assert "session=s-1" in text and "inbound=telegram:5:77" in text
     assert result.content == "On its way."
     assert server.status == "closed"
+
+
+async def test_an_image_the_server_returns_is_attached_to_the_reply(tmp_path: Path) -> None:
+    server = InProcessServer(build_fake_server())
+    agent = Agent("Support", "Help.", mcp_servers=[server])
+    model = ScriptedModel([ScriptedModel.call("sales_chart"), ScriptedModel.reply("Here it is.")])
+    settings = ModelSettings(media_dir=str(tmp_path / "media"))
+    async with Runner(agent, model=model, model_settings=settings) as runner:
+        result = await runner.run_async("s-1", "show me sales")
+    (part,) = result.attachments  # sent with the reply, as a function tool's file
+    assert isinstance(part, ImagePart) and part.mime_type == "image/jpeg"
+    assert await MediaStore(tmp_path / "media").read(part.sha256) == jpeg_bytes()
+    (text,) = tool_results(result)
+    assert "attached: the user receives it with your answer" in text
 
 
 async def test_arguments_are_checked_against_the_schema_before_the_server_sees_them() -> None:

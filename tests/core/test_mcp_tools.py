@@ -10,6 +10,7 @@ import sys
 import mcp_types as types
 import pytest
 
+from bot.core.attachments import ToolOutput
 from bot.core.mcp_tools import clean_schema, render_result, sanitize_tool_name
 
 # What OpenAI and Gemini both accept (Gemini: a letter or underscore first).
@@ -87,34 +88,56 @@ def test_titles_go_and_definitions_are_inlined_as_for_tool_schemas() -> None:
     }
 
 
+def text_of(result: types.CallToolResult, limit: int | None = None) -> str:
+    """``render_result`` of a result without images: plain text."""
+    rendered = render_result(result) if limit is None else render_result(result, limit)
+    assert isinstance(rendered, str)
+    return rendered
+
+
 def _text(text: str) -> types.TextContent:
     return types.TextContent(type="text", text=text)
 
 
-def test_text_blocks_are_joined_and_media_is_named_not_sent() -> None:
+def test_text_blocks_are_joined_and_images_become_attachments() -> None:
     result = types.CallToolResult(
         content=[
             _text("first"),
             types.ImageContent(type="image", data="aGVsbG8=", mime_type="image/png"),
             _text("second"),
+            types.AudioContent(type="audio", data="aGVsbG8=", mime_type="audio/ogg"),
         ]
     )
-    assert render_result(result) == "first\n[image (image/png), not shown]\nsecond"
+    output = render_result(result)
+    assert isinstance(output, ToolOutput)
+    assert output.text == "first\nsecond\n[audio (audio/ogg), not shown]"
+    (image,) = output.attachments
+    assert image.data == b"hello" and image.kind == "image" and image.mime_type == "image/png"
+
+
+def test_an_image_that_is_not_base64_is_left_out_with_a_note() -> None:
+    result = types.CallToolResult(
+        content=[
+            _text("chart"),
+            types.ImageContent(type="image", data="%%%", mime_type="image/png"),
+        ]
+    )
+    assert render_result(result) == "chart\n[1 unreadable image(s) left out]"
 
 
 def test_structured_content_is_the_result_when_there_is_no_text() -> None:
     result = types.CallToolResult(content=[], structured_content={"count": 2})
-    assert json.loads(render_result(result)) == {"count": 2}
+    assert json.loads(text_of(result)) == {"count": 2}
 
 
 def test_an_error_result_is_an_error_for_the_model() -> None:
     result = types.CallToolResult(content=[_text("CRM down")], is_error=True)
-    assert json.loads(render_result(result)) == {"error": "CRM down"}
+    assert json.loads(text_of(result)) == {"error": "CRM down"}
 
 
 def test_output_is_cut_to_the_limit_with_a_note() -> None:
     result = types.CallToolResult(content=[_text("x" * 5000)])
-    text = render_result(result, limit=1000)
+    text = text_of(result, limit=1000)
     assert text.startswith("x" * 1000)
     assert len(text) < 1100 and "4000 more characters cut" in text
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.utilities.types import Image
 
 from bot.core.mcp_servers import MCPServerStdioParams
 
@@ -89,6 +90,13 @@ def build_fake_server(name: str = "fake-crm", prefix: str = "") -> MCPServer:
         server.add_tool(apply_discount, name=prefix + "apply_discount", description="Apply a code.")
         await ctx.notify_tools_changed()
         return "added"
+
+    @server.tool(name=prefix + "sales_chart")
+    def sales_chart() -> Image:
+        """Draw this month's sales as a chart (a photo for the user)."""
+        from tests.fakes.media_files import jpeg_bytes
+
+        return Image(data=jpeg_bytes(), format="jpeg")
 
     return server
 
