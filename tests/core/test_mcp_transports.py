@@ -101,11 +101,12 @@ async def test_streamable_http_sends_the_headers_and_survives_the_server_going_a
             lookup = next(t for t in server.tools if t.name == "crm_lookup_order")
             context = ToolContext(session_id="s-9", inbound_message_id="wa:1")
             text = await lookup.invoke(context, {"order_id": "7"})
+            assert isinstance(text, str)  # text only: no image in this result
             assert "order 7 is in transit" in text and "session=s-9" in text
             assert all(h.get("authorization") == f"Bearer {SECRET}" for h in http.headers)
             await http.stop()
             failed = await lookup.invoke(context, {"order_id": "7"})
-            assert "error" in json.loads(failed)
+            assert isinstance(failed, str) and "error" in json.loads(failed)
     assert SECRET not in caplog.text and SECRET not in repr(server)
 
 
