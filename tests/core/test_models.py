@@ -397,19 +397,22 @@ async def test_the_sdk_waits_out_retry_after_ms(server: FakeOpenAIServer) -> Non
 async def test_total_timeout_bounds_the_call_retries_and_waits_included(
     server: FakeOpenAIServer,
 ) -> None:
+    # A deadline long enough for a second try even on a busy machine (two test workers
+    # and bot subprocesses share two cores), far shorter than 1,000 retries would take.
+    deadline, wait = 1.0, 0.02
     server.responder = lambda _: FakeOpenAIServer.error(503, headers={"retry-after-ms": "20"})
     model = OpenAICompatibleModel(
-        server.api_key, server.base_url, max_retries=1000, total_timeout=0.15
+        server.api_key, server.base_url, max_retries=1000, total_timeout=deadline
     )
     started = time.monotonic()
     try:
-        with pytest.raises(ModelError) as info:  # the last 503, or "gave up after 0.15 s"
+        with pytest.raises(ModelError) as info:  # the last 503, or "gave up after 1 s"
             await complete(model)
     finally:
         await model.aclose()
-    assert time.monotonic() - started < 0.15 + 0.5
+    assert time.monotonic() - started < deadline + 0.5
     assert info.value.retryable
-    assert 2 <= len(server.chat_requests) <= 0.15 / 0.02 + 1
+    assert 2 <= len(server.chat_requests) <= deadline / wait + 1
 
 
 async def test_total_timeout_cuts_a_request_slower_than_it(server: FakeOpenAIServer) -> None:
