@@ -23,7 +23,6 @@ _QUIET = (
     "pywa_async",
     "uvicorn",
     "uvicorn.error",
-    "aiosqlite",
     "openai",
     "hpack",
 )

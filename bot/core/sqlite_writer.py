@@ -263,12 +263,6 @@ class SQLiteWriter:
         """Install a ``sqlite3`` trace callback (it runs on the database thread)."""
         await self.call(lambda conn: conn.set_trace_callback(callback))
 
-    @property
-    def total_changes(self) -> int:
-        """Rows changed since the connection opened."""
-        conn = self._conn
-        return 0 if conn is None else conn.total_changes
-
     async def close(self) -> None:
         """Run what is queued, close the connection, end the thread. Idempotent."""
         stop = _Stop()

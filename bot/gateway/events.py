@@ -80,6 +80,32 @@ def _clean_opt(value: str | None) -> str | None:
     return None if value is None else _clean(value)
 
 
+# The text fields ``encodable`` checks and cleans, of an event, its source, its media.
+_EVENT_TEXTS = (
+    "message_id",
+    "text",
+    "platform_message_id",
+    "reply_to_id",
+    "reply_to_text",
+    "reply_to_sender",
+    "command",
+    "media_kind",
+    "migrate_from_chat_id",
+)
+_SOURCE_TEXTS = ("chat_id", "sender_id", "thread_id", "chat_name", "sender_name")
+_MEDIA_TEXTS = ("file_id", "unique_id", "mime_type", "file_name", "title", "address")
+
+
+def _dirty(item: object, fields: tuple[str, ...]) -> bool:
+    return any(
+        (v := getattr(item, name)) is not None and _LONE_SURROGATE.search(v) for name in fields
+    )
+
+
+def _cleaned(item: object, fields: tuple[str, ...]) -> dict[str, Any]:
+    return {name: _clean_opt(getattr(item, name)) for name in fields}
+
+
 def encodable(event: MessageEvent) -> MessageEvent:
     """``event`` with lone surrogates replaced by U+FFFD.
 
@@ -88,60 +114,24 @@ def encodable(event: MessageEvent) -> MessageEvent:
     HTTP body) and, refused again at each redelivery, block its chat for good.
     """
     source = event.source
-    values = (
-        event.message_id,
-        event.text,
-        event.platform_message_id,
-        event.reply_to_id,
-        event.reply_to_text,
-        event.reply_to_sender,
-        event.command,
-        event.media_kind,
-        event.migrate_from_chat_id,
-        source.chat_id,
-        source.sender_id,
-        source.thread_id,
-        source.chat_name,
-        source.sender_name,
-    )
-    media_strings = [
-        v
-        for m in event.media
-        for v in (m.file_id, m.unique_id, m.mime_type, m.file_name, m.title, m.address, *m.phones)
-    ]
-    if not any(v is not None and _LONE_SURROGATE.search(v) for v in (*values, *media_strings)):
+    if not (
+        _dirty(event, _EVENT_TEXTS)
+        or _dirty(source, _SOURCE_TEXTS)
+        or any(
+            _dirty(m, _MEDIA_TEXTS) or any(_LONE_SURROGATE.search(p) for p in m.phones)
+            for m in event.media
+        )
+    ):
         return event
     return replace(
         event,
-        message_id=_clean(event.message_id),
-        text=_clean(event.text),
-        platform_message_id=_clean_opt(event.platform_message_id),
-        reply_to_id=_clean_opt(event.reply_to_id),
-        reply_to_text=_clean_opt(event.reply_to_text),
-        reply_to_sender=_clean_opt(event.reply_to_sender),
-        command=_clean_opt(event.command),
-        media_kind=_clean_opt(event.media_kind),
-        migrate_from_chat_id=_clean_opt(event.migrate_from_chat_id),
+        **_cleaned(event, _EVENT_TEXTS),
         media=tuple(_clean_media(m) for m in event.media),
-        source=replace(
-            source,
-            chat_id=_clean(source.chat_id),
-            sender_id=_clean(source.sender_id),
-            thread_id=_clean_opt(source.thread_id),
-            chat_name=_clean_opt(source.chat_name),
-            sender_name=_clean_opt(source.sender_name),
-        ),
+        source=replace(source, **_cleaned(source, _SOURCE_TEXTS)),
     )
 
 
 def _clean_media(media: MediaAttachment) -> MediaAttachment:
     return replace(
-        media,
-        file_id=_clean_opt(media.file_id),
-        unique_id=_clean_opt(media.unique_id),
-        mime_type=_clean_opt(media.mime_type),
-        file_name=_clean_opt(media.file_name),
-        title=_clean_opt(media.title),
-        address=_clean_opt(media.address),
-        phones=tuple(_clean(p) for p in media.phones),
+        media, **_cleaned(media, _MEDIA_TEXTS), phones=tuple(_clean(p) for p in media.phones)
     )

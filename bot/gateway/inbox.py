@@ -222,14 +222,18 @@ class Inbox:
         running. Normal traffic never calls this, so it costs no commit there.
         Best effort: a storage failure is logged and the turn runs anyway.
         """
+        now = to_epoch(self._clock())
+
+        async def body(tx: Transaction) -> None:
+            await self._ensure_open_in(tx)
+            await tx.execute(
+                f"UPDATE {_TABLE} SET attempts = attempts + 1, updated_at = ? "
+                "WHERE message_id = ? AND state = 'received'",
+                (now, message_id),
+            )
+
         try:
-            async with self._store.transaction() as tx:
-                await self._ensure_open_in(tx)
-                await tx.execute(
-                    f"UPDATE {_TABLE} SET attempts = attempts + 1, updated_at = ? "
-                    "WHERE message_id = ? AND state = 'received'",
-                    (to_epoch(self._clock()), message_id),
-                )
+            await self._store.run(body)
         except StorageError as exc:
             logger.warning("could not count a run of %s: %s", _ref(message_id), exc)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from typing import Final, Unpack
+from typing import Any, Final, Unpack
 
 from bot.core.memory import Transaction
 from bot.gateway.ledger_base import STORAGE_ERRORS, DeliveredMark, LedgerBase, logger
@@ -107,9 +107,12 @@ class SendMarks(LedgerBase):
 
         A storage failure is logged and returns ``False`` (the reply is still sent).
         """
+
+        async def body(tx: Transaction) -> bool:
+            return await self.record_in(tx, Obligation.owed(**fields))
+
         try:
-            async with self._store.transaction() as tx:
-                return await self.record_in(tx, Obligation.owed(**fields))
+            return await self._store.run(body)
         except STORAGE_ERRORS as exc:
             self._log_storage_failure("record", fields["obligation_id"], exc)
             return False
@@ -129,33 +132,38 @@ class SendMarks(LedgerBase):
         now = self._now()
         me = self._owner
         fence, fence_params = self._fence()
+
+        async def body(tx: Transaction) -> list[tuple[Any, ...]] | None:
+            changed = await tx.execute(
+                f"UPDATE {TABLE} SET state = 'attempting', attempts = attempts + 1, "
+                "owner_pid = ?, owner_instance = ?, owner_started = ?, "
+                "next_attempt_at = NULL, updated_at = ? "
+                "WHERE obligation_id = ? AND state IN ('pending', 'failed') AND attempts < ?"
+                + fence,
+                (
+                    me.pid,
+                    me.instance_id,
+                    me.started,
+                    now,
+                    obligation_id,
+                    MAX_ATTEMPTS,
+                    *fence_params,
+                ),
+            )
+            if changed == 1:
+                return None
+            return await tx.fetchall(
+                f"SELECT state, attempts FROM {TABLE} WHERE obligation_id = ?",
+                (obligation_id,),
+            )
+
         try:
-            async with self._tx() as tx:
-                changed = await tx.execute(
-                    f"UPDATE {TABLE} SET state = 'attempting', attempts = attempts + 1, "
-                    "owner_pid = ?, owner_instance = ?, owner_started = ?, "
-                    "next_attempt_at = NULL, updated_at = ? "
-                    "WHERE obligation_id = ? AND state IN ('pending', 'failed') AND attempts < ?"
-                    + fence,
-                    (
-                        me.pid,
-                        me.instance_id,
-                        me.started,
-                        now,
-                        obligation_id,
-                        MAX_ATTEMPTS,
-                        *fence_params,
-                    ),
-                )
-                if changed == 1:
-                    return True
-                rows = await tx.fetchall(
-                    f"SELECT state, attempts FROM {TABLE} WHERE obligation_id = ?",
-                    (obligation_id,),
-                )
+            rows = await self._run(body)
         except STORAGE_ERRORS as exc:
             self._log_storage_failure("mark attempting", obligation_id, exc)
             return True
+        if rows is None:
+            return True  # claimed
         if not rows:
             logger.warning("obligation %s is not in the ledger; sending anyway", obligation_id)
             return True
@@ -389,12 +397,16 @@ class SendMarks(LedgerBase):
             logger.info("failed status for a message the ledger does not know")
             return None
         logger.warning("platform reported obligation %s as not delivered: %s", obligation_id, error)
+        note = clip_error(f"platform status failed: {error}")
+
+        async def body(tx: Transaction) -> None:
+            await tx.execute(
+                f"UPDATE {TABLE} SET last_error = ?, updated_at = ? WHERE obligation_id = ?",
+                (note, self._now(), obligation_id),
+            )
+
         try:
-            async with self._store.transaction() as tx:
-                await tx.execute(
-                    f"UPDATE {TABLE} SET last_error = ?, updated_at = ? WHERE obligation_id = ?",
-                    (clip_error(f"platform status failed: {error}"), self._now(), obligation_id),
-                )
+            await self._store.run(body)
         except STORAGE_ERRORS as exc:
             self._log_storage_failure("note a failed status of", obligation_id, exc)
         return obligation_id

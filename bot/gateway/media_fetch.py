@@ -43,7 +43,6 @@ __all__ = [
     "MediaFetcher",
     "PreparedMedia",
     "build_media_fetcher",
-    "sniff_mime",
 ]
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from bot.core.memory import Transaction, TransactionalStore, require_transactional
 from bot.gateway.instances import from_epoch, to_epoch
@@ -156,13 +156,17 @@ class Pairing:
         cached = self._cache.get(key)
         if cached is not None and now - cached < CACHE_SECONDS:
             return True
-        async with self._store.transaction() as tx:
-            await self._ensure_in(tx)
-            row = await tx.fetchone(
+        digest = sender_digest(platform, sender_id, self._secret)
+
+        async def body(tx: Transaction) -> tuple[Any, ...] | None:
+            return await tx.fetchone(
                 f"SELECT 1 FROM {_APPROVALS} WHERE platform = ? AND sender = ?",
-                (platform, sender_digest(platform, sender_id, self._secret)),
+                (platform, digest),
             )
-        if row is None:
+
+        if not self._opened:
+            await self.open()
+        if await self._store.run(body, write=False) is None:
             return False  # not cached: an approval counts from the next message on
         if len(self._cache) >= _CACHE_SIZE:
             self._cache.clear()

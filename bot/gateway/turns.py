@@ -209,10 +209,14 @@ class Turns:
         adapter = self._adapters.get(entry.event.platform)
         if adapter is not None:
             text = adapter.format_reply(text, self.runner.starting_agent.name)
+
+        async def body(tx: Transaction) -> Obligation | None:
+            obligation = await self._record(tx, entry, text)
+            await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
+            return obligation
+
         try:
-            async with self.store.transaction() as tx:
-                obligation = await self._record(tx, entry, text)
-                await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
+            obligation = await self.store.run(body)
         except InboxClaimLostError:
             logger.info("answer in session %s dropped: taken over elsewhere", entry.session_id)
             return

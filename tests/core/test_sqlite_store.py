@@ -15,6 +15,7 @@ from bot.core.agent import Agent
 from bot.core.memory import SessionDeletedError, Transaction
 from bot.core.messages import Message, Role, ToolCall
 from bot.core.sqlite_store import SCHEMA_VERSION, SQLiteSessionStore
+from bot.core.sqlite_writer import SQLiteWriter
 from bot.errors import SchemaVersionError, StorageError
 from tests.fakes.clock import FakeClock
 
@@ -32,6 +33,12 @@ async def count(store: SQLiteSessionStore, sql: str, *params: object) -> int:
         row = await tx.fetchone(sql, params)
     assert row is not None
     return int(row[0])
+
+
+async def changes(writer: SQLiteWriter) -> int:
+    """Rows the writer's connection changed since it opened (read on its thread)."""
+    total: int = await writer.call(lambda conn: conn.total_changes)
+    return total
 
 
 # -- construction ------------------------------------------------------------------------
@@ -234,19 +241,19 @@ async def test_save_touches_only_changed_rows(tmp_path: Path, agent: Agent) -> N
         statements: list[str] = []
         await conn.set_trace_callback(statements.append)
 
-        before = conn.total_changes
+        before = await changes(conn)
         session.add_message(user("one more"))  # window full: the oldest turn is pruned
         await store.save(session)
         # 1 insert + 2 deleted rows + 1 session row update.
-        assert conn.total_changes - before == 4
+        assert await changes(conn) - before == 4
         writes = [s for s in statements if s.lstrip().split()[0] in ("INSERT", "DELETE", "UPDATE")]
         assert len(writes) == 3
 
         statements.clear()
-        before = conn.total_changes
+        before = await changes(conn)
         session.add_message(reply("short answer"))  # nothing pruned
         await store.save(session)
-        assert conn.total_changes - before == 2
+        assert await changes(conn) - before == 2
         await conn.set_trace_callback(None)
 
     async with SQLiteSessionStore(tmp_path / "big.db", default_max_turns=500) as store:

@@ -217,11 +217,10 @@ async def graph() -> AsyncIterator[FakeWhatsAppServer]:
         yield server
 
 
-async def test_whatsapp_photo_voice_and_pdf_are_answered_from_their_content(
-    tmp_path: Path, graph: FakeWhatsAppServer, openai: FakeOpenAIServer
-) -> None:
-    openai.transcripts.append("my order never arrived")
-    bot = BotProcess(
+def whatsapp_bot(
+    tmp_path: Path, graph: FakeWhatsAppServer, env: dict[str, str] | None = None
+) -> BotProcess:
+    return BotProcess(
         tmp_path / "data",
         {
             "WHATSAPP_PHONE_ID": PHONE_NUMBER_ID,
@@ -229,9 +228,16 @@ async def test_whatsapp_photo_voice_and_pdf_are_answered_from_their_content(
             "WHATSAPP_VERIFY_TOKEN": "verify-me",
             "WHATSAPP_APP_SECRET": APP_SECRET,
             "WHATSAPP_API_BASE_URL": graph.base_url,
-            **model_env(openai),
+            **(env or {}),
         },
     )
+
+
+async def test_whatsapp_photo_voice_and_pdf_are_answered_from_their_content(
+    tmp_path: Path, graph: FakeWhatsAppServer, openai: FakeOpenAIServer
+) -> None:
+    openai.transcripts.append("my order never arrived")
+    bot = whatsapp_bot(tmp_path, graph, model_env(openai))
     await bot.start()
     sender = WebhookSender(f"{bot.url}/webhooks/whatsapp", APP_SECRET)
     voice = {**whatsapp_content("voice"), "id": "voice-77"}
@@ -258,16 +264,7 @@ async def test_whatsapp_photo_voice_and_pdf_are_answered_from_their_content(
 async def test_a_whatsapp_reply_to_the_bot_shows_the_model_what_it_quoted(
     tmp_path: Path, graph: FakeWhatsAppServer
 ) -> None:
-    bot = BotProcess(
-        tmp_path / "data",
-        {
-            "WHATSAPP_PHONE_ID": PHONE_NUMBER_ID,
-            "WHATSAPP_TOKEN": "e2e-token",
-            "WHATSAPP_VERIFY_TOKEN": "verify-me",
-            "WHATSAPP_APP_SECRET": APP_SECRET,
-            "WHATSAPP_API_BASE_URL": graph.base_url,
-        },
-    )
+    bot = whatsapp_bot(tmp_path, graph)
     await bot.start()
     sender = WebhookSender(f"{bot.url}/webhooks/whatsapp", APP_SECRET)
     try:
@@ -287,17 +284,7 @@ async def test_a_whatsapp_reply_to_the_users_own_message_shows_it_from_the_journ
     tmp_path: Path, graph: FakeWhatsAppServer, openai: FakeOpenAIServer
 ) -> None:
     openai.add(openai.reply("Let me check."), openai.reply("It ships today."))
-    bot = BotProcess(
-        tmp_path / "data",
-        {
-            "WHATSAPP_PHONE_ID": PHONE_NUMBER_ID,
-            "WHATSAPP_TOKEN": "e2e-token",
-            "WHATSAPP_VERIFY_TOKEN": "verify-me",
-            "WHATSAPP_APP_SECRET": APP_SECRET,
-            "WHATSAPP_API_BASE_URL": graph.base_url,
-            **model_env(openai, "gpt-test"),
-        },
-    )
+    bot = whatsapp_bot(tmp_path, graph, model_env(openai, "gpt-test"))
     await bot.start()
     sender = WebhookSender(f"{bot.url}/webhooks/whatsapp", APP_SECRET)
     first = real_wamid(USER_WA_ID)

@@ -9,14 +9,13 @@ every request (to check an ``Authorization`` header arrives).
 
 from __future__ import annotations
 
-import socket
 from types import TracebackType
 from typing import Any
 
-import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tests.fakes.mcp_server import build_fake_server
+from tests.fakes.serving import LocalServer
 
 __all__ = ["FakeMCPHttpServer"]
 
@@ -41,8 +40,7 @@ class FakeMCPHttpServer:
         self.headers: list[dict[str, str]] = []
         """Headers of every HTTP request received, lower-case names."""
         self.port = 0
-        self._server: uvicorn.Server | None = None
-        self._socket: socket.socket | None = None
+        self._local: LocalServer | None = None
 
     @property
     def url(self) -> str:
@@ -52,44 +50,14 @@ class FakeMCPHttpServer:
     async def start(self) -> None:
         """Bind a free port and serve."""
         app: Any = _Recorder(self.mcp.streamable_http_app(), self.headers)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        sock.setblocking(False)
-        self._socket = sock
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="on",
-            ws="none",
-            http="h11",
-            timeout_graceful_shutdown=1,
-            access_log=False,
-        )
-        server = uvicorn.Server(config)
-        config.load()
-        server.lifespan = config.lifespan_class(config)
-        await server.startup(sockets=[sock])
-        self._server = server
+        self._local = LocalServer(app, lifespan="on")
+        self.port = await self._local.start()
 
     async def stop(self) -> None:
         """Close connections and the port (clients see the server die)."""
-        server, self._server = self._server, None
-        if server is not None:
-            for listener in server.servers:
-                listener.close()
-            for connection in list(server.server_state.connections):
-                connection.shutdown()
-            for task in list(server.server_state.tasks):
-                task.cancel()
-            for listener in server.servers:
-                await listener.wait_closed()
-            await server.lifespan.shutdown()
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        if self._local is not None:
+            # Streamable HTTP keeps streams open: they are cut, not awaited.
+            await self._local.stop(cancel_requests=True)
 
     async def __aenter__(self) -> FakeMCPHttpServer:
         await self.start()

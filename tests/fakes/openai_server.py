@@ -34,7 +34,6 @@ import binascii
 import itertools
 import json
 import re
-import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -42,11 +41,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.fakes.serving import LocalServer
 
 __all__ = [
     "FakeOpenAIServer",
@@ -304,8 +304,7 @@ class FakeOpenAIServer:
         self.stream_delay = 0.0
         """Seconds between streamed chunks when the answer does not say."""
         self._script: deque[FakeResponse] = deque()
-        self._server: uvicorn.Server | None = None
-        self._socket: socket.socket | None = None
+        self._local: LocalServer | None = None
         self._holds: list[asyncio.Event] = []
         self.port = 0
 
@@ -590,49 +589,15 @@ class FakeOpenAIServer:
                 Route("/v1/audio/transcriptions", self._transcribe, methods=["POST"]),
             ]
         )
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        sock.setblocking(False)
-        self._socket = sock
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="off",
-            ws="none",
-            http="h11",
-            timeout_graceful_shutdown=1,
-            access_log=False,
-        )
-        server = uvicorn.Server(config)
-        # Drive uvicorn's start-up and shutdown steps directly instead of
-        # Server.serve(): no signal handlers, and no 0.1 s polling loop, so a
-        # test pays milliseconds, not tenths of a second, per server.
-        config.load()
-        server.lifespan = config.lifespan_class(config)
-        await server.startup(sockets=[sock])
-        self._server = server
+        self._local = LocalServer(app)
+        self.port = await self._local.start()
 
     async def stop(self) -> None:
         """Release held answers, finish requests in flight, close the port."""
         for event in self._holds:
             event.set()
-        server, self._server = self._server, None
-        if server is not None:
-            for listener in server.servers:
-                listener.close()
-            for connection in list(server.server_state.connections):
-                connection.shutdown()
-            if server.server_state.tasks:
-                await asyncio.gather(*server.server_state.tasks, return_exceptions=True)
-            for listener in server.servers:
-                await listener.wait_closed()
-            await server.lifespan.shutdown()
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        if self._local is not None:
+            await self._local.stop()
 
     async def __aenter__(self) -> FakeOpenAIServer:
         await self.start()

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -45,11 +44,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from tests.fakes.serving import LocalServer
 
 __all__ = [
     "DraftFrame",
@@ -374,9 +374,7 @@ class FakeTelegramServer:
         self._wakeup = asyncio.Event()
         self._poll_generation = 0
         self._closing = False
-        self._server: uvicorn.Server | None = None
-        self._sockets: list[socket.socket] = []
-        self._main: asyncio.Task[None] | None = None
+        self._local: LocalServer | None = None
         self.port = 0
         """Port bound on 127.0.0.1 (set by ``start``)."""
         self._methods: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
@@ -415,40 +413,17 @@ class FakeTelegramServer:
                 Route("/file/bot{token}/{path:path}", self._download, methods=["GET"]),
             ]
         )
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self._sockets = [sock]
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="off",
-            ws="none",
-            timeout_graceful_shutdown=1,
-        )
-        config.load()
-        server = uvicorn.Server(config)
-        server.lifespan = config.lifespan_class(config)
-        # startup/main_loop/shutdown directly: serve() would grab the process's signals.
-        await server.startup(sockets=self._sockets)
-        self._server = server
-        self._main = asyncio.create_task(server.main_loop(), name="fake-telegram")
+        self._local = LocalServer(app)
+        self.port = await self._local.start()
 
     async def stop(self) -> None:
         """Release every waiting call and shut the server down."""
         self._closing = True
         self._hang_release.set()
         self._wake_pollers()
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.should_exit = True
-        if self._main is not None:
-            await self._main
-        await server.shutdown(sockets=self._sockets)
-        for sock in self._sockets:
-            sock.close()
+        local, self._local = self._local, None
+        if local is not None:
+            await local.stop()
 
     async def __aenter__(self) -> FakeTelegramServer:
         await self.start()

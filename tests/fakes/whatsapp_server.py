@@ -26,25 +26,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import itertools
 import json
 import re
 import secrets
-import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tests.fakes.serving import LocalServer
 from tests.fakes.whatsapp_webhook import real_wamid
 
 __all__ = [
@@ -151,8 +149,7 @@ class FakeWhatsAppServer:
         self._hangs = 0
         self._release = asyncio.Event()
         self._changed = asyncio.Condition()
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._local: LocalServer | None = None
         self.media: dict[str, tuple[bytes, str]] = {}
         """``media id -> (bytes, MIME type)`` served by the media routes (``add_media``)."""
         self.media_lookups: list[str] = []
@@ -240,36 +237,15 @@ class FakeWhatsAppServer:
 
     async def start(self) -> None:
         """Listen on a free 127.0.0.1 port; return once it accepts connections."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app,
-            log_level="warning",
-            lifespan="off",
-            ws="none",
-            http="h11",
-            timeout_graceful_shutdown=1,
-        )
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("fake WhatsApp server did not start")
-            await asyncio.sleep(0.01)
+        self._local = LocalServer(self.app)
+        self.port = await self._local.start()
 
     async def stop(self) -> None:
         """Release held requests and shut the server down."""
         self._release.set()
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._server = None
-        self._task = None
+        local, self._local = self._local, None
+        if local is not None:
+            await local.stop()
 
     async def __aenter__(self) -> FakeWhatsAppServer:
         await self.start()

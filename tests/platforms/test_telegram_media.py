@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -85,25 +84,10 @@ def test_a_bare_sticker_in_a_group_is_ignored_but_answered_in_a_dm() -> None:
     assert map_update(group, bot_id=BOT_ID, bot_username="chatflow_test_bot") is None
 
 
-@pytest.fixture
-async def adapter() -> AsyncIterator[tuple[TelegramAdapter, FakeTelegramServer]]:
-    async with FakeTelegramServer() as server:
-        made = TelegramAdapter(server.token, base_url=server.base_url, poll_timeout=1)
-
-        async def on_event(event: MessageEvent) -> bool:
-            return True
-
-        await made.start(on_event)
-        try:
-            yield made, server
-        finally:
-            await made.stop()
-
-
 async def test_get_file_then_the_file_endpoint_serve_the_bytes(
-    adapter: tuple[TelegramAdapter, FakeTelegramServer],
+    telegram_on_fake: tuple[TelegramAdapter, FakeTelegramServer],
 ) -> None:
-    telegram, server = adapter
+    telegram, server = telegram_on_fake
     server.add_file("voice-1", ogg_opus_bytes())
     data = await telegram.fetch_media(
         MediaAttachment("voice", file_id="voice-1"), max_bytes=1_000_000
@@ -147,12 +131,12 @@ async def test_the_file_base_url_is_configurable(tmp_path: Path) -> None:
     ],
 )
 async def test_unusable_files_are_media_errors(
-    adapter: tuple[TelegramAdapter, FakeTelegramServer],
+    telegram_on_fake: tuple[TelegramAdapter, FakeTelegramServer],
     size: int,
     file_id: str,
     error: type[Exception],
 ) -> None:
-    telegram, server = adapter
+    telegram, server = telegram_on_fake
     if file_id != "unknown":
         server.add_file(file_id, b"x" * size)
     with pytest.raises(error) as raised:

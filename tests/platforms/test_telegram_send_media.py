@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from bot.errors import PlatformError
-from bot.gateway.contract import MessageEvent, OutgoingFile
+from bot.gateway.contract import OutgoingFile
 from bot.platforms import telegram_send_media
 from bot.platforms.telegram import TelegramAdapter
 from tests.fakes.media_files import jpeg_bytes, pdf_bytes
@@ -17,25 +15,10 @@ PHOTO = OutgoingFile("image", jpeg_bytes(), "image/jpeg", "chart.jpg")
 REPORT = OutgoingFile("document", pdf_bytes("Q3 report"), "application/pdf", "q3.pdf")
 
 
-@pytest.fixture
-async def adapter() -> AsyncIterator[tuple[TelegramAdapter, FakeTelegramServer]]:
-    async with FakeTelegramServer() as server:
-        made = TelegramAdapter(server.token, base_url=server.base_url, poll_timeout=1)
-
-        async def on_event(event: MessageEvent) -> bool:
-            return True
-
-        await made.start(on_event)
-        try:
-            yield made, server
-        finally:
-            await made.stop()
-
-
 async def test_images_go_as_photos_and_files_as_documents_with_their_bytes(
-    adapter: tuple[TelegramAdapter, FakeTelegramServer],
+    telegram_on_fake: tuple[TelegramAdapter, FakeTelegramServer],
 ) -> None:
-    telegram, server = adapter
+    telegram, server = telegram_on_fake
     result = await telegram.send_attachments("111111111", [PHOTO, REPORT], thread_id="7")
     photo, document = server.files_sent
     assert (photo.method, photo.chat_id, photo.message_thread_id) == ("sendPhoto", 111111111, 7)
@@ -46,9 +29,9 @@ async def test_images_go_as_photos_and_files_as_documents_with_their_bytes(
 
 
 async def test_a_failure_after_a_file_went_out_is_ambiguous(
-    adapter: tuple[TelegramAdapter, FakeTelegramServer],
+    telegram_on_fake: tuple[TelegramAdapter, FakeTelegramServer],
 ) -> None:
-    telegram, server = adapter
+    telegram, server = telegram_on_fake
     server.inject("sendDocument", Fault.server_error())
     with pytest.raises(PlatformError) as caught:
         await telegram.send_attachments("111111111", [PHOTO, REPORT])
@@ -57,9 +40,9 @@ async def test_a_failure_after_a_file_went_out_is_ambiguous(
 
 
 async def test_a_refused_first_file_is_not_ambiguous(
-    adapter: tuple[TelegramAdapter, FakeTelegramServer],
+    telegram_on_fake: tuple[TelegramAdapter, FakeTelegramServer],
 ) -> None:
-    telegram, server = adapter
+    telegram, server = telegram_on_fake
     lying = OutgoingFile("image", b"not an image at all", "image/jpeg", "x.jpg")
     with pytest.raises(PlatformError) as caught:
         await telegram.send_attachments("111111111", [lying])
@@ -68,9 +51,9 @@ async def test_a_refused_first_file_is_not_ambiguous(
 
 
 async def test_an_image_over_telegrams_photo_limit_goes_as_a_document(
-    adapter: tuple[TelegramAdapter, FakeTelegramServer], monkeypatch: pytest.MonkeyPatch
+    telegram_on_fake: tuple[TelegramAdapter, FakeTelegramServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    telegram, server = adapter
+    telegram, server = telegram_on_fake
     monkeypatch.setattr(telegram_send_media, "MAX_PHOTO_BYTES", len(PHOTO.data) - 1)
     await telegram.send_attachments("111111111", [PHOTO])
     (sent,) = server.files_sent

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -102,32 +101,10 @@ def test_a_sticker_is_answered_in_a_dm_and_ignored_in_a_group() -> None:
     assert parse_webhook(group, phone_id=PYWA_PHONE_ID).events == []
 
 
-@pytest.fixture
-async def running() -> AsyncIterator[tuple[WhatsAppAdapter, FakeWhatsAppServer]]:
-    async with FakeWhatsAppServer() as graph:
-        adapter = WhatsAppAdapter(
-            graph.phone_id,
-            "test-token",
-            verify_token="vt",
-            app_secret="secret",
-            api_base_url=graph.base_url,
-            send_pause=0,
-        )
-
-        async def on_event(event: MessageEvent) -> bool:
-            return True
-
-        await adapter.start(on_event)
-        try:
-            yield adapter, graph
-        finally:
-            await adapter.stop()
-
-
 async def test_media_id_then_url_then_bytes_with_the_token(
-    running: tuple[WhatsAppAdapter, FakeWhatsAppServer],
+    whatsapp_on_fake: tuple[WhatsAppAdapter, FakeWhatsAppServer],
 ) -> None:
-    adapter, graph = running
+    adapter, graph = whatsapp_on_fake
     graph.add_media("m-1", ogg_opus_bytes(), "audio/ogg")
     media = MediaAttachment("voice", file_id="m-1")
     assert await adapter.fetch_media(media, max_bytes=10**6) == ogg_opus_bytes()
@@ -146,14 +123,14 @@ async def test_media_id_then_url_then_bytes_with_the_token(
     ],
 )
 async def test_unusable_media_are_media_errors(
-    running: tuple[WhatsAppAdapter, FakeWhatsAppServer],
+    whatsapp_on_fake: tuple[WhatsAppAdapter, FakeWhatsAppServer],
     stored: bytes | None,
     max_bytes: int,
     message: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
-    adapter, graph = running
+    adapter, graph = whatsapp_on_fake
     if stored is not None:
         graph.add_media("m-2", stored, "image/jpeg")
     with pytest.raises(MediaError, match=message):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from bot.errors import PlatformError
-from bot.gateway.contract import MessageEvent, OutgoingFile
+from bot.gateway.contract import OutgoingFile
 from bot.platforms.whatsapp import WhatsAppAdapter
 from tests.fakes.media_files import jpeg_bytes, pdf_bytes
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
@@ -16,32 +14,10 @@ PHOTO = OutgoingFile("image", jpeg_bytes(), "image/jpeg", "chart.jpg")
 REPORT = OutgoingFile("document", pdf_bytes("Q3 report"), "application/pdf", "q3.pdf")
 
 
-@pytest.fixture
-async def running() -> AsyncIterator[tuple[WhatsAppAdapter, FakeWhatsAppServer]]:
-    async with FakeWhatsAppServer() as graph:
-        adapter = WhatsAppAdapter(
-            graph.phone_id,
-            "test-token",
-            verify_token="vt",
-            app_secret="secret",
-            api_base_url=graph.base_url,
-            send_pause=0,
-        )
-
-        async def on_event(event: MessageEvent) -> bool:
-            return True
-
-        await adapter.start(on_event)
-        try:
-            yield adapter, graph
-        finally:
-            await adapter.stop()
-
-
 async def test_files_are_uploaded_then_sent_as_image_and_document_messages(
-    running: tuple[WhatsAppAdapter, FakeWhatsAppServer],
+    whatsapp_on_fake: tuple[WhatsAppAdapter, FakeWhatsAppServer],
 ) -> None:
-    adapter, graph = running
+    adapter, graph = whatsapp_on_fake
     result = await adapter.send_attachments("5491155550000", [PHOTO, REPORT])
     photo, document = graph.uploads
     assert (photo.data, photo.mime_type, photo.filename) == (
@@ -60,9 +36,9 @@ async def test_files_are_uploaded_then_sent_as_image_and_document_messages(
 
 
 async def test_a_refused_second_file_is_ambiguous(
-    running: tuple[WhatsAppAdapter, FakeWhatsAppServer],
+    whatsapp_on_fake: tuple[WhatsAppAdapter, FakeWhatsAppServer],
 ) -> None:
-    adapter, graph = running
+    adapter, graph = whatsapp_on_fake
     graph.on_send = lambda record: graph.inject_error(131000)  # after the photo: Meta's 500
     with pytest.raises(PlatformError) as caught:
         await adapter.send_attachments("5491155550000", [PHOTO, REPORT])
@@ -71,9 +47,9 @@ async def test_a_refused_second_file_is_ambiguous(
 
 
 async def test_a_refused_first_file_is_not_ambiguous(
-    running: tuple[WhatsAppAdapter, FakeWhatsAppServer],
+    whatsapp_on_fake: tuple[WhatsAppAdapter, FakeWhatsAppServer],
 ) -> None:
-    adapter, graph = running
+    adapter, graph = whatsapp_on_fake
     graph.inject_error(131026)  # undeliverable: permanent
     with pytest.raises(PlatformError) as caught:
         await adapter.send_attachments("5491155550000", [PHOTO])
