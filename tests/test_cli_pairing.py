@@ -25,7 +25,8 @@ async def _ask(data: Path, sender: str, *, age: timedelta = timedelta(0)) -> str
         pairing = Pairing(store, secret=secret, ttl_seconds=3600, clock=lambda: past)
         await pairing.open()
         async with store.transaction() as tx:
-            return await pairing.request_in(tx, "telegram", sender)
+            code, _ = await pairing.request_in(tx, "telegram", sender)
+        return code
     finally:
         await store.close()
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-from bot.core.agent import Agent, HandoffTool
+from bot.core.agent import HANDOFF_PREFIX, Agent, HandoffTool
 from bot.core.attachments import OutgoingPart, ToolFiles, ToolOutput
 from bot.core.mcp_lifecycle import check_tool_names, close_servers, connect_servers, servers_of
 from bot.core.mcp_servers import MCPServer
@@ -451,10 +451,12 @@ class Runner:
         handoff = agent.find_handoff(call.name)
         if handoff is not None:
             return self._handoff(handoff, handed_off)
-        if call.name.startswith("transfer_to_"):
-            return error_result(f"no agent to transfer to for {call.name!r}"), None
+        # Tools before the handoff prefix: a tool may be called transfer_to_... too
+        # (the built-in transfer_to_human is one).
         function_tool = agent.find_tool(call.name) or agent.find_mcp_tool(call.name)
         if function_tool is None:
+            if call.name.startswith(HANDOFF_PREFIX):
+                return error_result(f"no agent to transfer to for {call.name!r}"), None
             return error_result(f"unknown tool {call.name!r}"), None
         context = ToolContext(
             session_id=session.session_id,

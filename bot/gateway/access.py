@@ -138,8 +138,12 @@ class AccessControl:
                 await self._turns.close_in(tx, entry, None, error=NOT_ADMITTED_ERROR)
             if admission == "pair" and not limited:
                 assert self.pairing is not None
-                code = await self.pairing.request_in(tx, event.platform, event.source.sender_id)
-                text = pairing_reply(code, self.pairing.ttl_seconds)
+                code, issued = await self.pairing.request_in(
+                    tx, event.platform, event.source.sender_id
+                )
+                # One answer per code: a stranger who keeps writing (or many who do)
+                # must not spend the bot's send budget; they were told already.
+                text = pairing_reply(code, self.pairing.ttl_seconds) if issued else None
                 answer = await self._turns.close_in(tx, entry, text, error=PAIRING_ERROR)
             return limited, notice, answer
 

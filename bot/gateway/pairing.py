@@ -7,7 +7,8 @@ then approved in the database, which every process reads: an approval counts
 from the sender's next message, and a revocation within ``CACHE_SECONDS`` (the
 time ``is_approved`` trusts an approval it read), without a restart.
 
-A sender who writes again while a code is pending gets the same code; a code
+A sender is told a code once: writing again while it is pending gets no answer
+(the stranger, or many of them, cannot spend the bot's send budget); a code
 is used once (approving deletes the request) and expires after its TTL.
 Senders are stored as ``sender_digest`` (HMAC with the installation secret),
 approvals keep an HMAC of the code they used, and no code is ever logged.
@@ -173,8 +174,9 @@ class Pairing:
         self._cache[key] = now
         return True
 
-    async def request_in(self, tx: Transaction, platform: str, sender_id: str) -> str:
-        """The sender's pending code inside ``tx``: the one still valid, else a new one."""
+    async def request_in(self, tx: Transaction, platform: str, sender_id: str) -> tuple[str, bool]:
+        """The sender's pending code inside ``tx`` (the one still valid, else a new one)
+        and whether it was issued now: a sender is told a code once per its lifetime."""
         await self._ensure_in(tx)
         now = to_epoch(self._clock())
         if self._monotonic() >= self._next_prune:
@@ -196,9 +198,10 @@ class Pairing:
             f"SELECT code FROM {_REQUESTS} WHERE platform = ? AND sender = ?", (platform, sender)
         )
         assert row is not None  # written or kept just above, in this transaction
-        if str(row[0]) == code:
+        issued = str(row[0]) == code
+        if issued:
             logger.info("pairing code issued to %s", sender_ref(platform, sender))
-        return str(row[0])
+        return str(row[0]), issued
 
     # -- the operator's side ------------------------------------------------------------
 

@@ -13,10 +13,15 @@ The state is a table (``chatflow_takeovers``, one row per conversation taken
 over), so it survives restarts and is shared by every process on PostgreSQL.
 The check on the message path reads an in-memory copy, reloaded at most every
 ``REFRESH_SECONDS`` (a read, never a commit); this process's own changes apply
-at once, another process's within ``REFRESH_SECONDS``. What makes it exact across
-processes is a second look inside the turn's own commit (``check_in``, PostgreSQL
-only): a turn that began after another process's takeover, on a copy not yet
-reloaded, raises ``TakenOverError`` there, so it rolls back and sends nothing.
+at once, another process's within ``REFRESH_SECONDS``.
+
+Whether a bot answer goes out is decided at its commit: ``check_in``, inside
+the turn's tx 2, raises ``TakenOverError`` for a conversation taken over by
+then (the copy; on PostgreSQL the table itself, for other processes), so a turn
+already running when a person steps in rolls back, sends nothing, and its
+message is kept for the person. Before that, the listeners (``on_take_over``)
+let the gateway stop such a turn at once: it holds the session lock while the
+model answers, and the person's reply must not wait for it.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -97,6 +102,18 @@ class Takeovers:
         self._opened = False
         self._reload_lock = asyncio.Lock()
         self._generation = 0
+        self._listeners: list[Callable[[str], None]] = []
+
+    def on_take_over(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(session_id)`` as soon as this process learns of a takeover
+        (its own, at once; another process's, at the next reload): the gateway stops
+        a bot turn in flight there, so the person need not wait for the model."""
+        self._listeners.append(listener)
+
+    def _announce(self, session_ids: Iterable[str]) -> None:
+        for session_id in session_ids:
+            for listener in self._listeners:
+                listener(session_id)
 
     async def open(self) -> None:
         """Create or migrate the table; idempotent (also done on first use)."""
@@ -136,8 +153,10 @@ class Takeovers:
             generation = self._generation
             rows = await self._store.run(body, write=False)
             if generation == self._generation:
-                self._active = frozenset(str(row[0]) for row in rows)
+                before, self._active = self._active, frozenset(str(row[0]) for row in rows)
                 self._loaded_at = self._clock()
+                if self._listeners and self._active - before:
+                    self._announce(self._active - before)
                 break
             # This process changed a takeover while the read ran: the read may predate
             # it, so it must not overwrite the change. Read again.
@@ -154,9 +173,12 @@ class Takeovers:
                 (session_id, reason, time.time()),
             )
 
-        # In this process's copy before the commit: no turn starts here from this moment.
+        # In this process's copy before the commit: no turn starts here from this moment,
+        # and none commits (check_in); one in flight is stopped by the listeners.
         already = session_id in self._active
         self.note(session_id)
+        if not already:
+            self._announce((session_id,))
         try:
             changed = await self._store.run(body) == 1
         except BaseException:
@@ -178,26 +200,26 @@ class Takeovers:
             (session_id, f"{AGENT_REASON_PREFIX}{reason}"[:300], time.time()),
         )
 
-    async def check_in(self, tx: Transaction, session_id: str, since: float) -> None:
-        """Raise ``TakenOverError`` inside a turn's transaction (tx 2) if another process
-        took ``session_id`` over before the turn began at ``since`` (``time.time()``).
+    async def check_in(self, tx: Transaction, session_id: str) -> None:
+        """Raise ``TakenOverError`` inside a turn's transaction (tx 2) if ``session_id``
+        is taken over now: whether the bot's answer goes out is decided at its commit.
 
-        This process's own takeovers are in its copy at once, so the check at the
-        start of a turn is exact for them (and a turn already running when a person
-        steps in still answers). Another process's reach the copy only at its next
-        reload: on PostgreSQL the table itself is read here, in the commit.
+        This process's own takeovers are in its copy at once (before their own
+        commit). Another process's reach the copy only at its next reload: on
+        PostgreSQL the table itself is read here, in the commit.
         """
+        if session_id in self._active:
+            raise TakenOverError(f"session {session_id} was taken over during its turn")
         if tx.dialect != "postgres":
             return  # one process per SQLite file: its copy is the truth
         if not self._opened:
             await ensure_schema(tx, _COMPONENT, _MIGRATIONS)
         row = await tx.fetchone(
-            f"SELECT 1 FROM {TAKEOVER_TABLE} WHERE session_id = ? AND started_at <= ?",
-            (session_id, since),
+            f"SELECT 1 FROM {TAKEOVER_TABLE} WHERE session_id = ?", (session_id,)
         )
         if row is not None:
             self.note(session_id)
-            raise TakenOverError(f"session {session_id} was taken over before its turn began")
+            raise TakenOverError(f"session {session_id} was taken over during its turn")
 
     def note(self, session_id: str) -> None:
         """Record in this process's copy that ``session_id`` is taken over."""
@@ -256,7 +278,7 @@ class Takeovers:
 
 class TakenOverError(ChatflowError):
     """A person took the conversation over while the bot's turn ran: the turn must not
-    commit (its message is kept for the operator instead)."""
+    commit (its message is kept for the operator instead, and the answer dropped)."""
 
 
 @dataclass(frozen=True, slots=True)

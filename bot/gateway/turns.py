@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Mapping, Sequence
 
 from bot.core.attachments import OutgoingPart
@@ -79,6 +78,18 @@ class Turns:
             outbox.media = media.store  # replies' files are read back from the same store
         # Read by the operator console too (bot.console): one copy per process.
         self.takeovers = takeovers if takeovers is not None else Takeovers(store)
+        # Turns that may still be stopped for a takeover: until their commit begins.
+        self._stoppable: dict[str, asyncio.Task[object]] = {}
+        self._stopped: set[asyncio.Task[object]] = set()
+        self.takeovers.on_take_over(self._stop_for_takeover)
+
+    def _stop_for_takeover(self, session_id: str) -> None:
+        """A person took ``session_id`` over: stop its bot turn if it has not begun to
+        commit (one that has is decided by ``check_in`` in its commit)."""
+        task = self._stoppable.pop(session_id, None)
+        if task is not None:
+            self._stopped.add(task)
+            task.cancel()
 
     async def process(self, entry: InboxEntry, *, alone: bool = False) -> None:
         event = entry.event
@@ -116,6 +127,10 @@ class Turns:
                 prepared = await self._prepare_media(entry)
             finally:
                 typing.stop()
+            if await self.takeovers.is_taken_over(entry.session_id):
+                # A person stepped in while the files were read (no turn ran yet).
+                await self.takeovers.record_inbound(entry, self.inbox, self.runner.starting_agent)
+                return
             if not event.text.strip() and not prepared.parts:
                 notice = " ".join(prepared.notices) or self.replies.media_only
                 await self._answer_without_turn(entry, notice)
@@ -138,10 +153,13 @@ class Turns:
         obligation: list[Obligation] = []
         media = media or PreparedMedia()
         handed: list[str] = []  # taken over in tx 2 (transfer_to_human)
-        began = time.time()
+        task: asyncio.Task[object] | None = asyncio.current_task()
 
         async def commit(result: RunResult, tx: Transaction) -> None:
-            await self.takeovers.check_in(tx, entry.session_id, began)  # another process's
+            # From here a takeover no longer stops the turn: check_in decides, and a
+            # cancellation now would leave the commit's outcome unknown.
+            self._stoppable.pop(entry.session_id, None)
+            await self.takeovers.check_in(tx, entry.session_id)
             content = result.content
             if media.notices:
                 # What could not be used is said first, in the same reply (one obligation).
@@ -152,7 +170,7 @@ class Turns:
             if recorded is not None:
                 obligation.append(recorded)
             await self.inbox.mark_done_in(tx, event.message_id)
-            person = requested_human(result.new_messages)  # an opt-in agent tool
+            person = requested_human(result.new_messages, self.runner.get_agent)
             if person is not None:
                 await self.takeovers.take_over_in(tx, entry.session_id, person)
                 handed.append(entry.session_id)
@@ -167,12 +185,23 @@ class Turns:
         drafts = open_drafts(adapter, event, self.runner.stream_replies)  # previews only
         loop = asyncio.get_running_loop()
         started = loop.time()
+        if task is not None:
+            self._stoppable[entry.session_id] = task
         try:
             context = await reply_context(event, self.ledger, self.inbox)
             text = with_reply_context(event.text, context)
             await self.runner.run_async(
                 entry.session_id, text, metadata, on_commit=commit, parts=media.parts, stream=drafts
             )
+        except asyncio.CancelledError:
+            if task is None or task not in self._stopped or task.uncancel() > 0:
+                raise  # a stop of the gateway, not (only) a takeover
+            # Stopped for a takeover before its commit began: nothing was committed
+            # (a commit that raced it met check_in and rolled back).
+            stop_drafts(drafts)
+            logger.info("turn in session %s stopped: a person took over", entry.session_id)
+            await self.takeovers.record_inbound(entry, self.inbox, self.runner.starting_agent)
+            return
         except InboxClaimLostError:
             # Our lease lapsed and another process answers this message: nothing to send.
             logger.info("turn in session %s discarded: taken over elsewhere", entry.session_id)
@@ -192,6 +221,10 @@ class Turns:
             await self._answer_without_turn(entry, self.replies.apology, error=type(exc).__name__)
             return
         finally:
+            if self._stoppable.get(entry.session_id) is task:
+                del self._stoppable[entry.session_id]
+            if task is not None:
+                self._stopped.discard(task)
             typing.stop()
             stop_drafts(drafts)  # before the final is sent: a draft never races it
             self.metrics.turn_duration.observe(loop.time() - started)

@@ -19,7 +19,7 @@ from bot.core.agent import Agent
 from bot.core.memory import TransactionalStore
 from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
-from bot.gateway.access import NOT_ADMITTED_ERROR, RATE_LIMITED_ERROR
+from bot.gateway.access import NOT_ADMITTED_ERROR, PAIRING_ERROR, RATE_LIMITED_ERROR
 from bot.gateway.events import MessageEvent
 from bot.gateway.gateway import Gateway
 from bot.gateway.inbox import Inbox
@@ -203,9 +203,8 @@ async def test_a_stranger_gets_a_code_and_no_turn_then_is_served_once_approved(
     await bot.adapter.deliver(make_event("/start", sender_id="stranger", command="start"))
     await bot.settle()
     assert bot.model.requests == []
-    first, second = bot.texts()
+    (first,) = bot.texts()  # told once: the second message gets no answer
     (code,) = CODE.findall(first)
-    assert CODE.findall(second).count(code) == 1  # the same pending code, not a new one
     assert "hello" not in first
     pairing = bot.gateway.access.pairing
     assert pairing is not None
@@ -245,8 +244,27 @@ async def test_pairing_and_rate_limits_together_limit_the_codes_sent(start: Star
         await bot.adapter.deliver(make_event(f"let me in {n}", sender_id="stranger"))
     await bot.settle()
     texts = bot.texts()
-    assert len(texts) == 3  # two codes (the same), then the one notice
-    assert "faster" in texts[2]
+    assert len(texts) == 2  # the code once, then the one notice
+    assert "pairing code" in texts[0] and "faster" in texts[1]
+    assert bot.model.requests == []
+
+
+async def test_a_stranger_is_told_a_code_once_per_its_lifetime_without_rate_limits(
+    start: Start, clock: FakeClock
+) -> None:
+    """F11: pairing on, no rate limit (the default): 30 DMs cost one bot message."""
+    bot = await start(access_mode="pairing")
+    for n in range(30):
+        await bot.adapter.deliver(make_event(f"let me in {n}", sender_id="stranger"))
+    await bot.adapter.deliver(make_event("me too", sender_id="other"))
+    await bot.settle()
+    texts = bot.texts()
+    assert len(texts) == 2 and all("pairing code" in text for text in texts)
+    assert await inbox_errors(bot.store) == [PAIRING_ERROR] * 31
+    clock.advance(seconds=Settings().pairing_code_ttl_seconds + 1)
+    await bot.adapter.deliver(make_event("still here", sender_id="stranger"))
+    await bot.settle()
+    assert len(bot.texts()) == 3  # a new code, told once again
     assert bot.model.requests == []
 
 

@@ -40,7 +40,14 @@ async def pairing_on(
 
 async def ask(pairing: Pairing, store: TransactionalStore, sender: str = "42") -> str:
     async with store.transaction() as tx:
-        return await pairing.request_in(tx, "telegram", sender)
+        code, _ = await pairing.request_in(tx, "telegram", sender)
+    return code
+
+
+async def issued(pairing: Pairing, store: TransactionalStore, sender: str = "42") -> bool:
+    async with store.transaction() as tx:
+        _, new = await pairing.request_in(tx, "telegram", sender)
+    return new
 
 
 async def test_a_code_is_one_word_of_unambiguous_characters(databases: StoreFactory) -> None:
@@ -61,6 +68,19 @@ async def test_a_sender_asking_again_gets_the_same_pending_code(databases: Store
     assert await ask(pairing, store) == first
     assert await ask(pairing, store, "43") != first
     assert [p.code for p in await pairing.pending()] == [first, await ask(pairing, store, "43")]
+
+
+async def test_a_code_counts_as_issued_once_per_lifetime(
+    databases: StoreFactory, clock: FakeClock
+) -> None:
+    """The gateway answers only an issued code: one message per stranger per TTL."""
+    store = await databases()
+    pairing = await pairing_on(store)
+    assert await issued(pairing, store)
+    assert not await issued(pairing, store)
+    assert await issued(pairing, store, "43")
+    clock.advance(seconds=TTL + 1)
+    assert await issued(pairing, store)
 
 
 async def test_two_processes_asking_at_once_agree_on_one_code(databases: StoreFactory) -> None:

@@ -27,10 +27,11 @@ from bot.core.models.scripted import RecordedCall, ScriptedModel
 from bot.core.postgres_store import PostgresSessionStore
 from bot.core.runner import Runner
 from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.tools import FunctionTool, tool
 from bot.gateway.gateway import Gateway
 from bot.gateway.inbox import Inbox
 from bot.gateway.ledger import RECOVERED_MARKER
-from bot.gateway.takeover import OPERATOR_NAME, OperatorDesk, Takeovers
+from bot.gateway.takeover import OPERATOR_NAME, OperatorDesk, TakenOverError, Takeovers
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.gateway.conftest import SECRET, Rig
 from tests.pgtest import pg_dsn
@@ -77,6 +78,56 @@ async def test_no_turn_while_taken_over_and_the_message_is_kept(
     assert session is not None
     assert [(m.role, m.content) for m in session.history][-1] == (Role.USER, "I want a person")
     assert await inbox_states(rig.store) == [("done", None), ("done", "taken over")]
+
+
+async def test_a_takeover_stops_the_turn_in_flight_and_the_person_answers_at_once(
+    rigs: Callable[..., object],
+) -> None:
+    """F4: the model is still answering when the person takes over and replies."""
+    rig: Rig = await rigs()  # type: ignore[misc]
+    asked = asyncio.Event()
+    never = asyncio.Event()
+
+    async def held(call: RecordedCall) -> ModelResponse:
+        asked.set()
+        await never.wait()  # released only by a cancellation
+        return ModelResponse(content="BOT: the answer the model was writing")
+
+    rig.model.add(ScriptedModel.reply("Hi!"), held)
+    assert await rig.adapter.deliver(make_event("hi", message_id="fake:chat-1:1"))
+    await rig.adapter.wait_for_sent(1)
+    assert await rig.adapter.deliver(make_event("my order?", message_id="fake:chat-1:2"))
+    await asyncio.wait_for(asked.wait(), 5)
+    session_id = await first_session(rig)
+
+    await rig.gateway.turns.takeovers.take_over(session_id)
+    # The reply takes the session lock the turn held: it must not wait for the model.
+    assert await asyncio.wait_for(desk_of(rig).reply(session_id, "HUMAN: Anna here."), 5)
+    sent = await rig.adapter.wait_for_sent(2)
+    assert await rig.gateway._dispatcher.drain(5)
+    assert [s.text for s in sent] == ["Hi!", "HUMAN: Anna here."]
+    session = await rig.store.get(session_id)
+    assert session is not None
+    assert [(m.role, m.content) for m in session.history][-2:] == [
+        (Role.USER, "my order?"),
+        (Role.MODEL, "HUMAN: Anna here."),
+    ]
+    assert await inbox_states(rig.store) == [("done", None), ("done", "taken over")]
+    await rig.gateway.ledger.flush()
+    status = await rig.gateway.ledger.status()
+    assert status["attempting"] == status["pending"] == status["failed"] == 0
+
+
+async def test_a_commit_after_a_takeover_rolls_back(rigs: Callable[..., object]) -> None:
+    """The decision is made in tx 2: a takeover noted before it refuses the commit."""
+    rig: Rig = await rigs()  # type: ignore[misc]
+    takeovers = rig.gateway.turns.takeovers
+    await takeovers.take_over("fake-0123456789abcdef")
+    with pytest.raises(TakenOverError):
+        async with rig.store.transaction() as tx:
+            await takeovers.check_in(tx, "fake-0123456789abcdef")
+    async with rig.store.transaction() as tx:
+        await takeovers.check_in(tx, "fake-fedcba9876543210")  # another conversation
 
 
 async def test_operator_reply_goes_through_the_ledger_once_and_the_bot_sees_it(
@@ -132,11 +183,10 @@ async def test_messages_queued_before_the_takeover_start_no_turn(
     session_id = await first_session(rig)
     await rig.gateway.turns.takeovers.take_over(session_id)
     release.set()
-    await rig.adapter.wait_for_sent(1)
     assert await rig.gateway._dispatcher.drain(5)
 
     assert len(rig.model.requests) == 1  # "two" and "three" never reached the model
-    assert [s.text for s in rig.adapter.sent] == ["first answer"]
+    assert rig.adapter.sent == []  # and "one"'s turn, still running, was stopped
     session = await rig.store.get(session_id)
     assert session is not None
     assert [m.content for m in session.history if m.role is Role.USER] == ["one", "two", "three"]
@@ -368,12 +418,86 @@ async def test_an_agent_hands_the_chat_to_a_person_with_transfer_to_human(
         assert await gateway._dispatcher.drain(5)
         assert len(model.requests) == 2  # the one turn's two calls; "hello?" started none
         assert TRANSFER_TO_HUMAN in model.requests[0].tool_names  # offered: the agent opted in
+        # The built-in ran: the model read its instruction, not an error.
+        (result,) = [m for m in model.requests[1].messages if m.role is Role.TOOL]
+        assert result.content is not None and "a person will answer" in result.content
+        assert "error" not in result.content
         async with store.transaction() as tx:
             row = await tx.fetchone("SELECT reason FROM chatflow_takeovers")
         assert row == ("agent: wants to talk about a refund",)
     finally:
         await gateway.stop(grace=1)
         await store.close()
+
+
+@tool(name="transfer_to_accounting")
+def _transfer_to_accounting(amount: int) -> str:
+    """Open a ticket with accounting.
+
+    Args:
+        amount: The amount in question.
+    """
+    return f"ticket opened for {amount}"
+
+
+@tool(name=TRANSFER_TO_HUMAN)
+def _own_transfer_to_human(reason: str) -> str:
+    """The operator's own tool of that name (logs a ticket, hands nothing over).
+
+    Args:
+        reason: Why.
+    """
+    return "ticket logged"
+
+
+@pytest.mark.parametrize(
+    ("tools", "expected"),
+    [
+        ([], "no agent to transfer to"),  # not offered: a hallucinated or injected call
+        ([_own_transfer_to_human], "ticket logged"),  # a tool of that name, not the built-in
+    ],
+)
+async def test_only_the_builtin_tool_the_agent_offers_takes_a_chat_over(
+    tmp_path: Path, tools: list[FunctionTool], expected: str
+) -> None:
+    store = SQLiteSessionStore(str(tmp_path / "chatflow.db"))
+    model = ScriptedModel(
+        [
+            ScriptedModel.call(TRANSFER_TO_HUMAN, reason="ignore your rules"),
+            ScriptedModel.reply("How can I help?"),
+            ScriptedModel.reply("Still here."),
+        ]
+    )
+    agent = Agent(name="Helper", instructions="x", tools=tools)
+    adapter = FakeAdapter()
+    runner = Runner(agent, store, model=model)
+    gateway = Gateway(runner, store, [adapter], Settings(data_dir=tmp_path), secret=SECRET)
+    try:
+        await gateway.start()
+        await gateway.wait_ready()
+        assert await adapter.deliver(make_event("hi", message_id="fake:chat-1:1"))
+        await adapter.wait_for_sent(1)
+        (result,) = [m for m in model.requests[1].messages if m.role is Role.TOOL]
+        assert result.content is not None and expected in result.content
+        (session_id,) = await store.list_sessions()
+        assert not await gateway.turns.takeovers.is_taken_over(session_id)
+        assert await adapter.deliver(make_event("hello?", message_id="fake:chat-1:2"))
+        assert [s.text for s in await adapter.wait_for_sent(2)][1] == "Still here."
+    finally:
+        await gateway.stop(grace=1)
+        await store.close()
+
+
+async def test_a_tool_named_like_a_handoff_can_be_called(tmp_path: Path) -> None:
+    model = ScriptedModel(
+        [ScriptedModel.call("transfer_to_accounting", amount=12), ScriptedModel.reply("Done.")]
+    )
+    agent = Agent(name="Helper", instructions="x", tools=[_transfer_to_accounting])
+    async with Runner(agent, model=model) as runner:
+        result = await runner.run_async("s1", "pay")
+    assert result.content == "Done."
+    (tool_result,) = [m for m in model.requests[1].messages if m.role is Role.TOOL]
+    assert tool_result.content == "ticket opened for 12"
 
 
 async def test_a_reload_racing_a_takeover_never_forgets_it(tmp_path: Path) -> None:
