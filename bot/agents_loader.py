@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import logging
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +21,13 @@ from types import ModuleType
 from bot.core.agent import Agent
 from bot.errors import ConfigurationError
 
-__all__ = ["EXAMPLE_AGENTS_MODULE", "PROJECT_AGENTS_MODULE", "LoadedAgents", "load_agents"]
+__all__ = [
+    "EXAMPLE_AGENTS_MODULE",
+    "PROJECT_AGENTS_MODULE",
+    "LoadedAgents",
+    "check_agent_graph",
+    "load_agents",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +55,16 @@ def load_agents(module_name: str | None = None, project_dir: Path | None = None)
     ``ConfigurationError`` (naming ``AGENTS_MODULE``) when nothing usable is found.
     """
     root = (project_dir or Path.cwd()).resolve()
+    if module_name and _looks_like_a_path(module_name):
+        # `AGENTS_MODULE=./agents`: what the operator means is that folder.
+        folder = (root / module_name).resolve()
+        if not (folder / "__init__.py").is_file():
+            raise ConfigurationError(
+                f"AGENTS_MODULE: {module_name!r} is a path, and {folder} is no package "
+                "(no __init__.py); name a folder with one, or an importable module",
+                setting="AGENTS_MODULE",
+            )
+        return _from_module(_import_folder(folder), str(folder))
     if module_name:
         if str(root) not in sys.path:
             sys.path.insert(0, str(root))
@@ -67,13 +84,21 @@ def load_agents(module_name: str | None = None, project_dir: Path | None = None)
     )
 
 
+def _looks_like_a_path(name: str) -> bool:
+    return "/" in name or "\\" in name or name.startswith(".") or name.endswith(".py")
+
+
 def _import(module_name: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigurationError(
-            f"AGENTS_MODULE: cannot import {module_name!r} ({exc})", setting="AGENTS_MODULE"
-        ) from exc
+        if exc.name is not None and module_name.split(".")[0] == exc.name.split(".")[0]:
+            raise ConfigurationError(
+                f"AGENTS_MODULE: cannot import {module_name!r} ({exc})", setting="AGENTS_MODULE"
+            ) from exc
+        raise _broken(module_name, exc) from exc  # the module itself imports something missing
+    except Exception as exc:
+        raise _broken(module_name, exc) from exc
 
 
 def _import_folder(folder: Path) -> ModuleType:
@@ -90,22 +115,87 @@ def _import_folder(folder: Path) -> ModuleType:
     sys.modules[PROJECT_AGENTS_MODULE] = module
     try:
         spec.loader.exec_module(module)
-    except ImportError as exc:
-        del sys.modules[PROJECT_AGENTS_MODULE]
-        raise ConfigurationError(
-            f"AGENTS_MODULE: cannot import {folder} ({exc})", setting="AGENTS_MODULE"
-        ) from exc
+    except Exception as exc:
+        _forget(PROJECT_AGENTS_MODULE)
+        raise _broken(str(folder), exc) from exc
     except BaseException:
-        del sys.modules[PROJECT_AGENTS_MODULE]
+        _forget(PROJECT_AGENTS_MODULE)
         raise
     return module
+
+
+def _forget(package: str) -> None:
+    """Drop a half-imported package and its submodules, so a retry imports them afresh."""
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+        del sys.modules[name]
+
+
+def _broken(source: str, exc: BaseException) -> ConfigurationError:
+    """One line for an error raised by the operator's agents code: where, what and why.
+
+    ``orders.py:53: SyntaxError: invalid syntax`` rather than a traceback: the place
+    is the innermost frame outside the import machinery (for a syntax error, the
+    file and line the parser names).
+    """
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{exc.filename}:{exc.lineno}: "
+    else:
+        frames = [
+            f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename
+        ]
+        if frames:
+            where = f"{frames[-1].filename}:{frames[-1].lineno}: "
+    reason = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    return ConfigurationError(
+        f"AGENTS_MODULE: the agents in {source} failed to load: "
+        f"{where}{type(exc).__name__}: {reason}".replace("\n", " "),
+        setting="AGENTS_MODULE",
+    )
 
 
 def _from_module(module: ModuleType, source: str) -> LoadedAgents:
     agent = getattr(module, "starting_agent", None)
     if not isinstance(agent, Agent):
+        where = getattr(module, "__file__", None) or source
         raise ConfigurationError(
-            f"AGENTS_MODULE: {source!r} has no `starting_agent` Agent", setting="AGENTS_MODULE"
+            f"AGENTS_MODULE: {source!r} ({where}) has no `starting_agent` Agent",
+            setting="AGENTS_MODULE",
         )
-    logger.info("Agents from %s", source)
+    check_agent_graph(agent, source)
+    logger.debug("Agents from %s", source)
     return LoadedAgents(agent, source)
+
+
+def check_agent_graph(starting_agent: Agent, source: str) -> None:
+    """Every agent reachable from ``starting_agent`` is valid and has a name of its own.
+
+    Handoffs may be assigned after construction (to build cycles), so this is
+    checked once the module has run: a ``ConfigurationError`` names the agent and
+    what is wrong (two agents called "Billing", a handoff to something that is
+    not an ``Agent``, two tools with one name).
+    """
+    agents: list[Agent] = []
+    pending: list[object] = [starting_agent]
+    while pending:
+        item = pending.pop()
+        if not isinstance(item, Agent) or any(item is known for known in agents):
+            continue  # a handoff that is no Agent: validate() below names it
+        agents.append(item)
+        pending.extend(item.handoffs)
+    names: dict[str, Agent] = {}
+    for agent in agents:
+        if agent.name in names:
+            raise ConfigurationError(
+                f"AGENTS_MODULE: two different agents in {source} are named {agent.name!r}; "
+                "agent names must be unique (they are stored with each conversation)",
+                setting="AGENTS_MODULE",
+            )
+        names[agent.name] = agent
+    for agent in agents:
+        try:
+            agent.validate()
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"AGENTS_MODULE: {source}: {exc}", setting="AGENTS_MODULE"
+            ) from exc

@@ -5,21 +5,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import stat
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from bot.agents_loader import load_agents
 from bot.app import Bot, instance_lock, load_starting_agent, open_store
 from bot.config import Settings, load_settings
+from bot.data_dir import ensure_data_dir
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.pairing import Pairing, sender_ref
 from bot.logs import configure_logging, quiet_console_logs
+from bot.setting_typos import setting_typos
 
 __all__ = ["NO_PLATFORM_MESSAGE", "main", "stdin_has_input"]
+
+logger = logging.getLogger(__name__)
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -44,6 +50,7 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
             raise ConfigurationError(NO_PLATFORM_MESSAGE, setting="TELEGRAM_BOT_TOKEN")
     if console:
         _quiet_for_a_person(settings)
+    load_agents(settings.agents_module)  # a mistake there stops us before anything starts
     with instance_lock(settings):
         await Bot(settings, console=console).run()
     return 0
@@ -69,6 +76,7 @@ def _quiet_for_a_person(settings: Settings) -> None:
 
 async def _chat(settings: Settings, args: argparse.Namespace) -> int:
     _quiet_for_a_person(settings)
+    load_agents(settings.agents_module)
     with instance_lock(settings):
         await Bot(settings, console=True, serve_http=False).run()
     return 0
@@ -291,6 +299,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format)
+        if handler is not _doctor:  # doctor reports these as lines of its own
+            for typo in setting_typos(Settings.model_fields):
+                logger.warning("%s", typo.message())
+            ensure_data_dir(settings.data_dir)
         return asyncio.run(handler(settings, args))
     except ConfigurationError as exc:
         print(f"chatflow: configuration error: {exc}", file=sys.stderr)

@@ -1,0 +1,129 @@
+"""Operator mistakes at start-up: one line on stderr and exit 2, never a traceback.
+
+Each case runs ``python -m bot`` as a subprocess, configured the way an operator
+does it (environment, ``.env``, an ``agents/`` folder beside the working
+directory), with piped input as ``echo hi | make run`` gives it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import ROOT, _bot
+
+ONE_LINE_COMMANDS = [
+    pytest.param(["run"], id="run"),
+    pytest.param(["chat"], id="chat"),
+    pytest.param(["sessions", "list"], id="sessions"),
+    pytest.param(["ledger", "status"], id="ledger"),
+    pytest.param(["pairing", "list"], id="pairing"),
+]
+
+
+def one_error_line(stderr: str) -> str:
+    """The single line the bot printed: no traceback, nothing else."""
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args", ONE_LINE_COMMANDS)
+def test_a_data_dir_that_cannot_be_made_is_one_line_for_every_command(
+    tmp_path: Path, args: list[str]
+) -> None:
+    result = _bot(tmp_path, *args, stdin="hi\n", DATA_DIR="/proc/chatflow")
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert line.startswith("chatflow: configuration error: DATA_DIR: cannot create /proc/chatflow")
+
+
+def test_a_data_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    result = _bot(tmp_path, "run", stdin="hi\n", DATA_DIR=str(tmp_path / "afile"))
+    assert result.returncode == 2
+    assert "DATA_DIR: " in one_error_line(result.stderr)
+    assert "afile is a file, not a folder" in result.stderr
+
+
+def test_a_data_dir_nobody_may_write_in_is_one_line(tmp_path: Path) -> None:
+    # A folder in which no process may create files, root included.
+    result = _bot(tmp_path, "run", stdin="hi\n", DATA_DIR="/proc/self")
+    assert result.returncode == 2
+    assert "DATA_DIR: cannot write in /proc/self" in one_error_line(result.stderr)
+
+
+def _project_agents(tmp_path: Path) -> Path:
+    """A copy of the example agents in ``<tmp_path>/agents``, for the test to break."""
+    folder = tmp_path / "agents"
+    shutil.copytree(ROOT / "agents", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return folder
+
+
+def test_a_syntax_error_in_the_agents_is_one_line_with_file_and_line(tmp_path: Path) -> None:
+    orders = _project_agents(tmp_path) / "orders.py"
+    lines = orders.read_text().splitlines()
+    broken = next(n for n, line in enumerate(lines) if line.startswith("def "))
+    lines[broken] = lines[broken].replace("(", "(:", 1)
+    orders.write_text("\n".join(lines) + "\n")
+    for args in (["run"], ["chat"], ["sessions", "reset", "console-0123456789abcdef"]):
+        result = _bot(tmp_path, *args, stdin="hi\n")
+        assert result.returncode == 2, result.stderr
+        line = one_error_line(result.stderr)
+        assert "AGENTS_MODULE: the agents in" in line
+        assert f"orders.py:{broken + 1}: SyntaxError" in line
+
+
+def test_an_error_raised_by_agents_code_names_where(tmp_path: Path) -> None:
+    billing = _project_agents(tmp_path) / "billing.py"
+    billing.write_text(billing.read_text() + "\nraise RuntimeError('no billing today')\n")
+    result = _bot(tmp_path, "chat", stdin="hi\n")
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "billing.py:" in line and "RuntimeError: no billing today" in line
+
+
+def test_two_agents_with_one_name_are_one_line(tmp_path: Path) -> None:
+    init = _project_agents(tmp_path) / "__init__.py"
+    # The mistake of agents/README "Add an agent": a new agent named like an old one.
+    init.write_text(
+        init.read_text()
+        + "\nfrom bot import Agent as _Agent\n"
+        + "starting_agent.handoffs = (*starting_agent.handoffs, _Agent(name='Billing', "
+        + "instructions='x', handoffs=[starting_agent]))\n"
+    )
+    result = _bot(tmp_path, "chat", stdin="hi\n")
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "two different agents" in line and "'Billing'" in line
+
+
+def test_agents_module_given_as_a_folder_path_loads_that_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "mine"
+    shutil.copytree(ROOT / "agents", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    result = _bot(tmp_path, "chat", stdin="hi\n", AGENTS_MODULE="./mine", LOG_LEVEL="ERROR")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("[Triage]")
+    missing = _bot(tmp_path, "chat", stdin="hi\n", AGENTS_MODULE="./nowhere")
+    assert missing.returncode == 2
+    assert "AGENTS_MODULE: './nowhere' is a path" in one_error_line(missing.stderr)
+
+
+def test_typos_in_dotenv_and_the_environment_are_named_with_the_setting_meant(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".env").write_text("ACCES_MODE=pairing\nTELEGRAM_TOKEN=123456:ABCdef\n")
+    result = _bot(
+        tmp_path, "chat", stdin="hi\n", WHATSAPP_PHONE_NUMBER_ID="123", LOG_LEVEL="WARNING"
+    )
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "is not a setting" in line]
+    assert [w.split("bot.cli: ", 1)[1] for w in warnings] == [
+        "ACCES_MODE is not a setting; did you mean ACCESS_MODE?",
+        "TELEGRAM_TOKEN is not a setting; did you mean TELEGRAM_BOT_TOKEN?",
+        "WHATSAPP_PHONE_NUMBER_ID is not a setting; did you mean WHATSAPP_PHONE_ID?",
+    ]
+    assert "123456:ABCdef" not in result.stderr  # names only, never values
