@@ -43,6 +43,7 @@ def test_reads_dotenv_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         pytest.param({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL", id="log-level"),
         pytest.param({"DATABASE_URL": "mysql://x"}, "DATABASE_URL", id="db-url"),
         pytest.param({"WHATSAPP_PHONE_ID": "123"}, "WHATSAPP_TOKEN", id="wa-missing-token"),
+        pytest.param({"TELEGRAM_BOT_TOKEN": "not-a-token"}, "TELEGRAM_BOT_TOKEN", id="tg-shape"),
         pytest.param(
             {"TELEGRAM_WEBHOOK_URL": "https://x/webhooks/telegram"},
             "TELEGRAM_WEBHOOK_SECRET",
@@ -64,6 +65,9 @@ def test_wrong_setting_is_named_in_one_line(
 
 def test_secrets_never_print(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:supersecret")
+    monkeypatch.setenv("WHATSAPP_PHONE_ID", "123")
+    monkeypatch.setenv("WHATSAPP_TOKEN", "tok")
+    monkeypatch.setenv("WHATSAPP_VERIFY_TOKEN", "verify")
     monkeypatch.setenv("WHATSAPP_APP_SECRET", "appsecret-xyz")
     settings = load_settings()
     shown = repr(settings) + str(settings) + settings.model_dump_json()
@@ -78,3 +82,51 @@ def test_an_empty_value_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None
     settings = load_settings()
     assert not settings.telegram_enabled
     assert not settings.whatsapp_enabled
+
+
+WHATSAPP_SET = {
+    "WHATSAPP_PHONE_ID": "123",
+    "WHATSAPP_TOKEN": "tok",
+    "WHATSAPP_VERIFY_TOKEN": "verify",
+    "WHATSAPP_APP_SECRET": "secret",
+}
+
+
+@pytest.mark.parametrize(
+    "left_out",
+    [
+        ["WHATSAPP_PHONE_ID"],  # Meta calls it "phone number ID": the rest set, WhatsApp wanted
+        ["WHATSAPP_TOKEN", "WHATSAPP_VERIFY_TOKEN", "WHATSAPP_APP_SECRET"],
+        ["WHATSAPP_APP_SECRET"],
+    ],
+)
+def test_a_half_set_up_whatsapp_names_every_missing_setting_at_once(
+    monkeypatch: pytest.MonkeyPatch, left_out: list[str]
+) -> None:
+    for key, value in WHATSAPP_SET.items():
+        if key not in left_out:
+            monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    missing = str(info.value).split(" missing", 1)[0]
+    assert [name for name in WHATSAPP_SET if name in missing] == left_out
+
+
+def test_whatsapp_without_app_secret_only_in_insecure_dev(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in WHATSAPP_SET.items():
+        if key != "WHATSAPP_APP_SECRET":
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WHATSAPP_INSECURE_DEV", "1")
+    assert load_settings().whatsapp_enabled
+
+
+def test_a_malformed_telegram_token_is_refused_without_showing_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "my secret token")
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    assert info.value.setting == "TELEGRAM_BOT_TOKEN"
+    assert "my secret token" not in str(info.value)
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw")
+    assert load_settings().telegram_enabled

@@ -127,3 +127,24 @@ def test_typos_in_dotenv_and_the_environment_are_named_with_the_setting_meant(
         "WHATSAPP_PHONE_NUMBER_ID is not a setting; did you mean WHATSAPP_PHONE_ID?",
     ]
     assert "123456:ABCdef" not in result.stderr  # names only, never values
+
+
+def test_a_malformed_telegram_token_stops_at_once_without_the_network(tmp_path: Path) -> None:
+    # No Bot API to ask here: the shape alone is checked, in one line, before any retry.
+    result = _bot(tmp_path, "run", stdin="hi\n", TELEGRAM_BOT_TOKEN="not-a-token")
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert line.startswith("chatflow: configuration error: TELEGRAM_BOT_TOKEN: not a bot token")
+    assert "not-a-token" not in line
+
+
+def test_whatsapp_set_up_but_for_the_phone_id_is_an_error_not_the_terminal(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".env").write_text(
+        "WHATSAPP_TOKEN=x\nWHATSAPP_VERIFY_TOKEN=v\nWHATSAPP_APP_SECRET=s\n"
+    )
+    result = _bot(tmp_path, "run", stdin="hi\n")
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "WhatsApp is half set up: WHATSAPP_PHONE_ID is missing" in line

@@ -160,24 +160,28 @@ class Gateway:
         for adapter in self._adapters.values():
             if adapter.on_status_failed is None:
                 adapter.on_status_failed = self.outbox.status_failed_handler(adapter.name)
-            if not await self._start_adapter(adapter, first=True):
+            if not await self._start_adapter(adapter, first=True, retry_in=_backoff(0)):
                 self._starters.append(asyncio.create_task(self._keep_starting(adapter)))
         self._recovery_task = asyncio.create_task(self._recover())
 
-    async def _start_adapter(self, adapter: PlatformAdapter, *, first: bool = False) -> bool:
+    async def _start_adapter(
+        self, adapter: PlatformAdapter, *, retry_in: float, first: bool = False
+    ) -> bool:
         try:
             await adapter.start(self._on_event)
         except PlatformError as exc:
             if not exc.retryable:
                 raise
             logger.warning(
-                "%s adapter could not start (%s); retrying in the background", adapter.name, exc
+                "%s adapter could not start (%s); retrying in %.0f s", adapter.name, exc, retry_in
             )
             return False
         except ChatflowError:
             raise
         except Exception:
-            logger.exception("%s adapter failed to start; retrying in the background", adapter.name)
+            logger.exception(
+                "%s adapter failed to start; retrying in %.0f s", adapter.name, retry_in
+            )
             return False
         if not first:
             logger.info("%s adapter started", adapter.name)
@@ -185,13 +189,12 @@ class Gateway:
 
     async def _keep_starting(self, adapter: PlatformAdapter) -> None:
         for attempt in itertools.count():
-            delay = ADAPTER_START_BACKOFF[min(attempt, len(ADAPTER_START_BACKOFF) - 1)]
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                await asyncio.wait_for(self._stopping.wait(), _backoff(attempt))
             if self._stopping.is_set():
                 return
             try:
-                if await self._start_adapter(adapter):
+                if await self._start_adapter(adapter, retry_in=_backoff(attempt + 1)):
                     break
             except ChatflowError as exc:
                 logger.error("%s adapter cannot start: %s", adapter.name, exc)
@@ -497,3 +500,8 @@ class Gateway:
                     await self.instances.prune()
             except Exception:
                 logger.exception("taking over work of stopped processes failed; trying again")
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds before start attempt ``attempt + 1`` of an unreachable platform."""
+    return ADAPTER_START_BACKOFF[min(attempt, len(ADAPTER_START_BACKOFF) - 1)]

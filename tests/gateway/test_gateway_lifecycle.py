@@ -280,9 +280,9 @@ class FlakyStartAdapter(FakeAdapter):
 
 
 async def test_an_unreachable_platform_at_boot_does_not_stop_the_others(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(gateway_module, "ADAPTER_START_BACKOFF", (0.01,))
+    monkeypatch.setattr(gateway_module, "ADAPTER_START_BACKOFF", (0.01, 2.0, 5.0))
     store = SQLiteSessionStore(str(tmp_path / "c.db"))
     down = FlakyStartAdapter("telegram", failures=2)
     up = FakeAdapter(name="whatsapp")
@@ -301,6 +301,9 @@ async def test_an_unreachable_platform_at_boot_does_not_stop_the_others(
         await asyncio.wait_for(down.started.wait(), 5)
         assert await down.deliver(make_event("hello", platform="telegram"))
         await down.wait_for_sent(1)
+        # The operator sees the back-off, attempt by attempt.
+        retries = [r.getMessage() for r in caplog.records if "could not start" in r.getMessage()]
+        assert [m.rsplit("; ", 1)[1] for m in retries] == ["retrying in 0 s", "retrying in 2 s"]
     finally:
         await gateway.stop(grace=1)
         await store.close()
