@@ -89,6 +89,9 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
             for session_id in await store.list_sessions():
                 print(session_id)
             return 0
+        starting = load_starting_agent(settings.agents_module)
+        # Stored agent names resolve to the operator's agents (no false "unknown agent").
+        store.set_agent_resolver({a.name: a for a in starting.reachable_agents()}.get)
         if args.action == "show":
             session = await store.get(args.session_id)
             if session is None:
@@ -105,7 +108,6 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
                 if message.content:
                     print(f"  [{message.role.value}:{who}] {message.content}")
             return 0
-        starting = load_starting_agent(settings.agents_module)
         session = await store.get(args.session_id)
         if session is None:
             print(f"no session {args.session_id}", file=sys.stderr)

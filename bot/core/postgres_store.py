@@ -98,7 +98,17 @@ _DB_ERRORS: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, Tim
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError) and not str(exc):
+        # A server (or a proxy in front of it) that accepts connections but never answers.
+        return (
+            f"no answer within {CONNECT_TIMEOUT_SECONDS:g} s: the server accepted the "
+            "connection but never completed the handshake"
+        )
     return f"{type(exc).__name__}: {exc}"
+
+
+def _quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 class _PgTransaction(DriverTransaction):
@@ -277,11 +287,34 @@ class PostgresSessionStore(SQLSessionStore):
                 names = await tx.fetchone("SELECT current_database(), current_schema()")
                 database, schema = (None, None) if names is None else names
                 if schema is None:
-                    raise StorageError(
-                        "PostgreSQL has no schema to create tables in (check search_path)"
-                    )
+                    schema = await self._create_schema(conn)
+                    names = await tx.fetchone("SELECT current_database(), current_schema()")
+                    database = None if names is None else names[0]
                 self._lock_namespace = f"{database}|{schema}"
                 await ensure_session_schema_in(tx)
+
+    async def _create_schema(self, conn: _Conn) -> str:
+        """Create the first schema of ``search_path`` (``?search_path=tenant_a``): it names
+        where the operator wants the tables, and a new database has none of its own."""
+        path = str(await conn.fetchval("SHOW search_path"))
+        wanted = next(
+            (p.strip().strip('"') for p in path.split(",") if p.strip() not in ("", '"$user"')),
+            None,
+        )
+        if wanted is None:
+            raise StorageError("PostgreSQL has no schema to create tables in (set search_path)")
+        try:
+            await conn.execute("SAVEPOINT chatflow_schema")
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_identifier(wanted)}")
+        except asyncpg.PostgresError as exc:
+            await conn.execute("ROLLBACK TO SAVEPOINT chatflow_schema")
+            raise StorageError(
+                f"PostgreSQL schema {wanted!r} (search_path) does not exist and could not be "
+                f"created ({_describe(exc)}): create it with CREATE SCHEMA, or grant CREATE "
+                "on the database"
+            ) from exc
+        logger.info("created the PostgreSQL schema named in search_path")
+        return wanted
 
     async def close(self) -> None:
         """Close both pools; the store cannot be used afterwards. Idempotent."""

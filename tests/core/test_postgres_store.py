@@ -12,13 +12,14 @@ import textwrap
 import asyncpg
 import pytest
 
+from bot.core import postgres_store
 from bot.core.agent import Agent
 from bot.core.memory import SessionContext, Transaction
 from bot.core.messages import Message, Role
 from bot.core.postgres_store import SCHEMA_VERSION, PostgresSessionStore
 from bot.errors import SchemaVersionError, StorageError
 from tests.fakes.clock import FakeClock
-from tests.pgtest import pg_dsn
+from tests.pgtest import pg_dsn, with_search_path
 from tests.pgtest import wait_until as until
 
 __all__ = ["pg_dsn"]  # the fixture, imported for this module's tests
@@ -86,6 +87,50 @@ async def test_unreachable_server_is_a_storage_error_without_the_password() -> N
         await store.open()
     assert "s3cret" not in str(info.value)
     await store.close()
+
+
+async def test_a_server_that_never_answers_is_named_with_what_timed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(postgres_store, "CONNECT_TIMEOUT_SECONDS", 0.3)
+    accepted = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepted, and never a byte back
+        accepted.set()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = PostgresSessionStore(f"postgresql://bot:s3cret@127.0.0.1:{port}/chatflow")
+    try:
+        with pytest.raises(StorageError) as info:
+            await store.open()
+    finally:
+        await store.close()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert accepted.is_set()
+    message = str(info.value)
+    assert f"127.0.0.1:{port}" in message and "no answer within 0.3 s" in message
+    assert "s3cret" not in message
+
+
+async def test_the_schema_named_in_search_path_is_created(pg_dsn: str, agent: Agent) -> None:
+    schema = "t_new_" + os.urandom(4).hex()
+    dsn = with_search_path(pg_dsn, schema)
+    store = PostgresSessionStore(dsn)
+    try:
+        session = await store.get_or_create("s1", agent)
+        session.add_message(user("hello"))
+        await store.save(session)
+        assert texts(await store.get("s1")) == ["hello"]
+    finally:
+        await store.close()
+        await scalar(pg_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    # (the drop above also proves the tables were made in that schema, not elsewhere)
 
 
 # -- migrations --------------------------------------------------------------------------
