@@ -451,8 +451,6 @@ class Runner:
         handoff = agent.find_handoff(call.name)
         if handoff is not None:
             return self._handoff(handoff, handed_off)
-        # Tools before the handoff prefix: a tool may be called transfer_to_... too
-        # (the built-in transfer_to_human is one).
         function_tool = agent.find_tool(call.name) or agent.find_mcp_tool(call.name)
         if function_tool is None:
             if call.name.startswith(HANDOFF_PREFIX):
