@@ -101,7 +101,7 @@ class Gateway:
             self.metrics,
             media=media,
         )
-        self.access = AccessControl(settings, self.turns, secret, self._queue_sends)
+        self.access = AccessControl(settings, self.turns, secret, self._queue_answers)
         self.gate = Gate(settings, self.aliases, secret, pairing=self.access.pairing)
         # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
         # tx 1, since a message once accepted must be queued whatever happens.
@@ -116,7 +116,9 @@ class Gateway:
         self._admitted = asyncio.Event()
         self._admitted.set()
         self._accept_failures: dict[str, int] = {}
-        self._early: list[InboxEntry] = []
+        # Accepted before recovery ended, in arrival order: turns, and the answers
+        # given without one (a notice must not overtake the turn of an earlier message).
+        self._early: list[InboxEntry | Obligation] = []
         self._starters: list[asyncio.Task[None]] = []
         self.metrics.queued.set_function(lambda: self._waiting_turns)
         self._ready = False
@@ -207,6 +209,13 @@ class Gateway:
                 )
             )
 
+    def _queue_answers(self, owed: list[Obligation]) -> None:
+        """Queue answers given without a turn behind the turns accepted before them."""
+        if self._ready:
+            self._queue_sends(owed)
+        else:
+            self._early.extend(owed)
+
     def _queue_sends(self, owed: list[Obligation]) -> None:
         """Queue adopted rows in their conversations' lanes; each is claimed when its turn comes."""
         for obligation in owed:
@@ -235,7 +244,7 @@ class Gateway:
         )
         # Read after recover() returns: a message accepted while it ran is in both lists,
         # and must run once, from _early.
-        early = {entry.event.message_id for entry in self._early}
+        early = {e.event.message_id for e in self._early if isinstance(e, InboxEntry)}
         recovered = [entry for entry in left if entry.event.message_id not in early]
         recovered = await self.access.rescreen(recovered, self.gate.admit)
         if recovered:
@@ -267,9 +276,11 @@ class Gateway:
         """Queue the recovered and early messages and start serving new ones."""
         for entry in rest:
             self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
-        for entry in self._early:
-            if entry.event.message_id not in already_run:
-                self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
+        for item in self._early:
+            if isinstance(item, Obligation):
+                self._queue_sends([item])
+            elif item.event.message_id not in already_run:
+                self._dispatcher.submit(item.session_id, item.event.message_id, item)
         self._early.clear()
         self._ready = True
         self._ready_event.set()

@@ -6,6 +6,7 @@ the stores run on a hand-moved clock, so windows and code expiry are exact.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -105,6 +106,36 @@ async def test_a_flood_costs_no_model_call_past_the_limit_and_one_notice(start: 
     assert not await bot.adapter.deliver(events[10])
     metrics = bot.gateway.metrics.render().decode()
     assert 'chatflow_messages_rate_limited_total{platform="fake"} 37.0' in metrics
+
+
+async def test_a_notice_never_overtakes_turns_accepted_while_recovery_runs(
+    databases: StoreFactory,
+) -> None:
+    """D15: `printf 'one\\ntwo\\nthree' | RATE_LIMIT_MESSAGES=2 chatflow chat` at start-up."""
+    store = await databases()
+    model = ScriptedModel([ScriptedModel.reply("answer 0"), ScriptedModel.reply("answer 1")])
+    runner = Runner(Agent(name="Helper", instructions="Help."), store, model=model)
+    adapter = FakeAdapter()
+    gateway = Gateway(runner, store, [adapter], Settings(rate_limit_messages=2), secret=SECRET)
+    release = asyncio.Event()
+    recover = gateway._queue_recovered
+
+    async def slow_recovery() -> None:
+        await release.wait()
+        await recover()
+
+    gateway._queue_recovered = slow_recovery  # type: ignore[method-assign]
+    try:
+        await gateway.start()
+        for text in ("one", "two", "three"):
+            assert await adapter.deliver(make_event(text, sender_id="quick"))
+        release.set()
+        await gateway.wait_ready()
+        assert await gateway._dispatcher.drain(10)
+        texts = [s.text for s in adapter.sent]
+        assert texts[:2] == ["answer 0", "answer 1"] and "faster" in texts[2]
+    finally:
+        await gateway.stop(grace=1)
 
 
 async def test_senders_under_the_limit_are_unaffected_by_a_flood(start: Start) -> None:
