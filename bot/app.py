@@ -148,6 +148,7 @@ def build_adapters(
                 app_secret=None if app_secret is None else app_secret.get_secret_value(),
                 api_base_url=settings.whatsapp_api_base_url,
                 insecure_dev=settings.whatsapp_insecure_dev,
+                media_hosts=settings.whatsapp_media_hosts,
             )
         )
     if console:
@@ -249,7 +250,12 @@ class Bot:
                     return await self._health(gateway)
 
                 app = build_app(routes, health=health, metrics=self.metrics)
-                server = HttpServer(app, self.settings.http_host, self.settings.http_port)
+                server = HttpServer(
+                    app,
+                    self.settings.http_host,
+                    self.settings.http_port,
+                    forwarded_allow_ips=self.settings.forwarded_allow_ips,
+                )
                 await server.start()
             waiters = [asyncio.create_task(stop.wait())]
             for adapter in adapters:

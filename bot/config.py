@@ -7,7 +7,9 @@ Secrets are ``SecretStr``: they print as ``**********``.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,6 +25,12 @@ logger = logging.getLogger(__name__)
 
 CONSOLE_TOKEN_MIN_LENGTH = 24
 """Shortest ``CONSOLE_TOKEN`` accepted: the console is reachable over HTTP."""
+
+DEFAULT_FORWARDED_ALLOW_IPS = "127.0.0.1,::1"
+"""Proxies trusted by default (uvicorn's own default): this host only."""
+
+_TELEGRAM_TOKEN = re.compile(r"[0-9]{1,20}:[A-Za-z0-9_-]{1,200}")
+"""``<bot id>:<secret>``, as @BotFather issues it (the secret is 35 characters today)."""
 
 CommaList = Annotated[frozenset[str], NoDecode]
 """A comma-separated environment value (``"1,2, 3"``) read as a set of strings."""
@@ -67,6 +75,12 @@ class Settings(BaseSettings):
     notes; needs ``OPENAI_API_KEY``, else voice notes are answered without a transcript."""
     max_media_bytes: int = Field(default=20 * 1024 * 1024, gt=0)
     """Largest photo, voice note or file downloaded (bytes); larger ones are refused."""
+    document_timeout_seconds: float = Field(default=20.0, gt=0, le=120)
+    """Longest reading one PDF may take (a child process, killed then); the user is told
+    the file could not be read and the turn goes on without it."""
+    attachments_dir: Path | None = None
+    """The only folder a tool's ``Attachment(path=...)`` may read (symlinks resolved);
+    unset: ``DATA_DIR/outbox``. Never ``DATA_DIR`` itself (the database, the secret)."""
 
     telegram_bot_token: SecretStr | None = None
     """Token from @BotFather; enables Telegram."""
@@ -94,6 +108,10 @@ class Settings(BaseSettings):
     """Graph API server; the client adds ``/v<version>/<phone_id>/messages``."""
     whatsapp_insecure_dev: bool = False
     """Accept unsigned webhooks (local development only)."""
+    whatsapp_media_hosts: CommaList = frozenset()
+    """More places the token may fetch user media from, beyond Meta's media hosts over
+    https and ``WHATSAPP_API_BASE_URL``'s own origin: ``cdn.example.com`` or
+    ``*.example.com`` (https), or an origin such as ``http://127.0.0.1:8081``."""
 
     http_host: str = "127.0.0.1"
     """Address of the webhook, health and metrics server."""
@@ -102,6 +120,10 @@ class Settings(BaseSettings):
     console_token: SecretStr | None = None
     """Enables the operator console at ``/console`` on that server (sign in with it, or
     send ``Authorization: Bearer <token>``); at least 24 characters. Unset: no console."""
+    forwarded_allow_ips: str = DEFAULT_FORWARDED_ALLOW_IPS
+    """Comma-separated addresses or networks (``10.0.0.0/8``) of reverse proxies whose
+    ``X-Forwarded-For``/``X-Forwarded-Proto`` are believed (the client's address and
+    ``https``), as uvicorn's variable of that name; ``*`` trusts any peer."""
 
     group_sessions_per_user: bool = True
     """In groups (outside topics), one conversation per member instead of one per group."""
@@ -144,7 +166,13 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "text", "json"] = "auto"
     """``auto``: text on a terminal, JSON lines otherwise."""
 
-    @field_validator("group_answer_all_chats", "allowed_users", "allowed_chats", mode="before")
+    @field_validator(
+        "group_answer_all_chats",
+        "allowed_users",
+        "allowed_chats",
+        "whatsapp_media_hosts",
+        mode="before",
+    )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -161,6 +189,18 @@ class Settings(BaseSettings):
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
+    @field_validator("telegram_bot_token")
+    @classmethod
+    def _check_telegram_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # Checked here, not by Telegram: a Bot API that cannot be reached would
+        # otherwise retry a malformed token for ever.
+        if value is not None and not _TELEGRAM_TOKEN.fullmatch(value.get_secret_value()):
+            raise ValueError(
+                "not a bot token: it looks like 123456789:AAH... (digits, a colon, then "
+                "letters, digits, - and _), as @BotFather gives it"
+            )
+        return value
+
     @field_validator("console_token")
     @classmethod
     def _check_console_token(cls, value: SecretStr | None) -> SecretStr | None:
@@ -170,6 +210,22 @@ class Settings(BaseSettings):
                 "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
         return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_forwarded_allow_ips(cls, value: str) -> str:
+        entries = [part.strip() for part in value.split(",") if part.strip()]
+        if not entries:
+            raise ValueError("name at least one proxy address (127.0.0.1 trusts this host only)")
+        if "*" in entries:
+            return "*"  # uvicorn trusts everyone only for a lone "*"
+        for entry in entries:
+            try:
+                # uvicorn would take a typo for a literal host name that never matches.
+                ipaddress.ip_network(entry)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (write 10.0.0.5, 10.0.0.0/8 or *)") from None
+        return ",".join(entries)
 
     @field_validator("database_url")
     @classmethod
@@ -182,12 +238,31 @@ class Settings(BaseSettings):
             )
         return value
 
+    def _check_whatsapp_set(self) -> None:
+        """WhatsApp needs four values: any one set means the operator wants it, so every
+        missing one is named at once (not one per restart, and never silently off)."""
+        given = {
+            "WHATSAPP_PHONE_ID": bool(self.whatsapp_phone_id),
+            "WHATSAPP_TOKEN": self.whatsapp_token is not None,
+            "WHATSAPP_VERIFY_TOKEN": self.whatsapp_verify_token is not None,
+            "WHATSAPP_APP_SECRET": self.whatsapp_app_secret is not None,
+        }
+        if not any(given.values()):
+            return
+        missing = [name for name, present in given.items() if not present]
+        if self.whatsapp_insecure_dev and "WHATSAPP_APP_SECRET" in missing:
+            missing.remove("WHATSAPP_APP_SECRET")  # local development: signatures unchecked
+        if missing:
+            raise ValueError(
+                f"WhatsApp is half set up: {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} missing (WhatsApp needs "
+                "WHATSAPP_PHONE_ID, WHATSAPP_TOKEN, WHATSAPP_VERIFY_TOKEN and "
+                "WHATSAPP_APP_SECRET; see .env.example)"
+            )
+
     @model_validator(mode="after")
     def _check_pairs(self) -> Settings:
-        if self.whatsapp_phone_id and not self.whatsapp_token:
-            raise ValueError("WHATSAPP_TOKEN is required when WHATSAPP_PHONE_ID is set")
-        if self.whatsapp_phone_id and not self.whatsapp_verify_token:
-            raise ValueError("WHATSAPP_VERIFY_TOKEN is required when WHATSAPP_PHONE_ID is set")
+        self._check_whatsapp_set()
         if self.telegram_webhook_url and not self.telegram_webhook_secret:
             raise ValueError("TELEGRAM_WEBHOOK_SECRET is required when TELEGRAM_WEBHOOK_URL is set")
         listed = bool(self.allowed_users or self.allowed_chats)
@@ -200,6 +275,29 @@ class Settings(BaseSettings):
             if self.access_mode == "allowlist" and not listed:
                 raise ValueError("ACCESS_MODE=allowlist needs ALLOWED_USERS or ALLOWED_CHATS")
         return self
+
+    @model_validator(mode="after")
+    def _check_attachments_dir(self) -> Settings:
+        if self.attachments_dir is None:
+            return self
+        folder = self.attachments_dir.resolve()
+        if self.data_dir.resolve().is_relative_to(folder):
+            raise ValueError(
+                "ATTACHMENTS_DIR must not be DATA_DIR or a folder holding it: tools could "
+                "send the database and the installation secret (use DATA_DIR/outbox)"
+            )
+        if self.database_dialect == "sqlite" and self.database_path.resolve().is_relative_to(
+            folder
+        ):
+            raise ValueError("ATTACHMENTS_DIR must not hold the SQLite database")
+        return self
+
+    @property
+    def outbox_dir(self) -> Path:
+        """The folder tools attach files from: ``ATTACHMENTS_DIR`` or ``DATA_DIR/outbox``."""
+        return (
+            self.attachments_dir if self.attachments_dir is not None else self.data_dir / "outbox"
+        )
 
     @property
     def effective_access_mode(self) -> Literal["open", "allowlist", "pairing"]:

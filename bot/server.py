@@ -1,4 +1,10 @@
-"""The bot's one HTTP server: platform webhooks, ``/healthz`` and ``/metrics``."""
+"""The bot's one HTTP server: platform webhooks, ``/healthz`` and ``/metrics``.
+
+Behind a reverse proxy, ``X-Forwarded-For`` and ``X-Forwarded-Proto`` are
+believed only from the peers ``FORWARDED_ALLOW_IPS`` names (uvicorn's proxy
+headers middleware): the console's throttle counts the real client, and its
+cookie gets ``Secure`` when the proxy says the browser spoke https.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from bot.config import DEFAULT_FORWARDED_ALLOW_IPS
 from bot.errors import ConfigurationError
 from bot.metrics import Metrics
 
@@ -55,7 +62,17 @@ class _QuietServer(uvicorn.Server):
 class HttpServer:
     """uvicorn serving an app inside the bot's own event loop (no signal handlers of its own)."""
 
-    def __init__(self, app: Starlette, host: str, port: int) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        host: str,
+        port: int,
+        *,
+        forwarded_allow_ips: str = DEFAULT_FORWARDED_ALLOW_IPS,
+    ) -> None:
+        """``forwarded_allow_ips``: ``FORWARDED_ALLOW_IPS``, the proxies whose
+        ``X-Forwarded-For``/``-Proto`` set ``request.client`` and ``request.url.scheme``."""
+        trusted = forwarded_allow_ips.strip()
         config = uvicorn.Config(
             app,
             host=host,
@@ -64,6 +81,12 @@ class HttpServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
+            # Passed explicitly: uvicorn would otherwise read the variable itself, and
+            # miss the value when it comes from .env.
+            proxy_headers=True,
+            forwarded_allow_ips="*"
+            if trusted == "*"
+            else [part.strip() for part in trusted.split(",") if part.strip()],
         )
         self._server = _QuietServer(config)
         self._task: asyncio.Task[None] | None = None

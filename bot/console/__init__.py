@@ -3,11 +3,11 @@
 Served by the bot's own HTTP server under ``/console`` when ``CONSOLE_TOKEN``
 is set (``bot.app`` mounts ``console_routes``); without it no console route
 exists, so every console path answers 404. One module per concept:
-``auth`` (token, cookies, CSRF, rate limit), ``guard`` (the door of every
-route), ``queries`` (read-only SQL), ``views`` (pages and actions), ``api``
-(the same reads as JSON, for scripts), ``webchat`` (the web channel), ``sse``
-(live transcripts), ``templating`` (Jinja2 templates and static files, shipped
-as package data).
+``auth`` (token, cookies, CSRF, rate limit), ``sessions`` (sign-ins recorded
+server-side), ``guard`` (the door of every route), ``queries`` (read-only SQL),
+``views`` (pages and actions), ``api`` (the same reads as JSON, for scripts),
+``webchat`` (the web channel), ``sse`` (live transcripts), ``templating``
+(Jinja2 templates and static files, shipped as package data).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from bot.console import queries
 from bot.console.api import ConsoleApi
 from bot.console.auth import ConsoleAuth
 from bot.console.guard import Guard
+from bot.console.sessions import ConsoleSessions
 from bot.console.templating import ConsoleAssets
 from bot.console.views import ConsoleServices, ConsoleViews
 from bot.console.webchat import WEB_PLATFORM, WebChannel
@@ -66,7 +67,9 @@ async def console_routes(
         web=web if isinstance(web, WebChannel) else None,
         session_of=session_of,
     )
-    guard = Guard(ConsoleAuth(token, secret), prefix)
+    sessions = ConsoleSessions(gateway.store)
+    await sessions.open()
+    guard = Guard(ConsoleAuth(token, secret), prefix, sessions)
     return [
         *ConsoleViews(services, guard, assets, prefix).routes(),
         *ConsoleApi(services, guard, prefix).routes(),

@@ -2,8 +2,10 @@
 
 A signed-out browser asking for a page is redirected to the sign-in form; any
 other signed-out request (a stream, a fragment, a POST, a wrong bearer token)
-gets 401 and no data; a client that sent too many wrong tokens gets 429. A
-POST of a cookie session without its CSRF token gets 403.
+gets 401 and no data; a wrong token from a client that sent too many gets 429
+(the right one is always let in). A cookie counts only while its session is in
+the server-side record (``ConsoleSessions``): signed out means refused. A POST
+of a cookie session without its CSRF token gets 403.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from urllib.parse import parse_qsl, quote
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from bot.console.auth import COOKIE_NAME, ConsoleAuth, Principal
+from bot.console.auth import COOKIE_NAME, SESSION_SECONDS, ConsoleAuth, Principal
+from bot.console.sessions import ConsoleSessions
 
 __all__ = ["MAX_FORM_BYTES", "SECURITY_HEADERS", "Endpoint", "Guard", "Handler", "client_of"]
 
@@ -40,7 +43,8 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def client_of(request: Request) -> str:
-    """The client address the rate limit counts against."""
+    """The client address the throttle counts against (behind a proxy that
+    ``FORWARDED_ALLOW_IPS`` trusts, uvicorn has put the real client's here)."""
     return request.client.host if request.client is not None else "?"
 
 
@@ -71,30 +75,40 @@ async def read_form(request: Request) -> dict[str, str] | None:
 class Guard:
     """Wraps handlers with the console's authentication rules."""
 
-    def __init__(self, auth: ConsoleAuth, prefix: str) -> None:
+    def __init__(self, auth: ConsoleAuth, prefix: str, sessions: ConsoleSessions) -> None:
         self.auth = auth
         self.prefix = prefix
+        self.sessions = sessions
 
-    def principal(self, request: Request) -> Principal | Response | None:
+    async def principal(self, request: Request) -> Principal | Response | None:
         """Who sent ``request``; a refusal for a wrong bearer token; ``None`` if signed out."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":  # other schemes (a proxy's Basic) are not ours
-            client = client_of(request)
-            wait = self.auth.blocked_for(client)
-            if wait:
-                return _too_many(wait)
-            if self.auth.token_ok(token.strip()):
+            check = self.auth.check(token.strip(), client_of(request))
+            if check.ok:
                 return Principal(session=None)
-            self.auth.record_failure(client)
-            return _unauthorized()
+            return _too_many(check.retry_after) if check.retry_after else _unauthorized()
         session = self.auth.session_of(request.cookies.get(COOKIE_NAME))
-        return None if session is None else Principal(session=session)
+        if session is None or not await self.sessions.active(session):
+            return None
+        return Principal(session=session)
+
+    async def sign_in(self) -> str:
+        """A new session, recorded server-side; returns its cookie value."""
+        cookie, session = self.auth.new_session()
+        await self.sessions.add(session, SESSION_SECONDS)
+        return cookie
+
+    async def sign_out(self, who: Principal) -> None:
+        """End ``who``'s session server-side (a bearer request has none)."""
+        if who.session is not None:
+            await self.sessions.revoke(who.session)
 
     def wrap(self, handler: Handler, *, page: bool = False) -> Endpoint:
         """The endpoint for ``handler``; ``page``: a GET a browser navigates to."""
 
         async def endpoint(request: Request) -> Response:
-            who = self.principal(request)
+            who = await self.principal(request)
             if isinstance(who, Response):
                 return secure(who)
             if who is None:

@@ -2,7 +2,11 @@
 
 Loaded in a thread at start-up (``ConsoleAssets.load``), so no request reads a
 file on the event loop. Autoescaping is on for every template: message text
-is shown literally (``<script>`` as text), never interpreted.
+is shown literally (``<script>`` as text), never interpreted. Every value a
+template prints also passes ``show_bidi_controls`` (the environment's
+``finalize``, so no template spot can forget it): a bidirectional control
+character, invisible yet able to reorder what follows it (``invoice\u202efdp.exe``
+displays as "invoiceexe.pdf"), is shown as its code point instead, ``<U+202E>``.
 """
 
 from __future__ import annotations
@@ -13,8 +17,23 @@ from importlib import resources
 from typing import Any, Final
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, Template
+from markupsafe import Markup, escape
 
-__all__ = ["STATIC_TYPES", "ConsoleAssets"]
+__all__ = ["BIDI_CONTROLS", "STATIC_TYPES", "ConsoleAssets", "show_bidi_controls"]
+
+BIDI_CONTROLS: Final = frozenset(
+    chr(code)
+    for code in (
+        0x061C,  # Arabic letter mark
+        0x200E,  # left-to-right mark
+        0x200F,  # right-to-left mark
+        *range(0x202A, 0x202F),  # embeddings, overrides and their pop (LRE..RLO)
+        *range(0x2066, 0x206A),  # isolates and their pop (LRI..PDI)
+    )
+)
+"""Characters that change the display order of the text around them."""
+_VISIBLE: Final = {ord(char): f"<U+{ord(char):04X}>" for char in BIDI_CONTROLS}
+_VISIBLE_ESCAPED: Final = {code: str(escape(text)) for code, text in _VISIBLE.items()}
 
 STATIC_TYPES: Final = {
     "console.js": "text/javascript; charset=utf-8",
@@ -30,6 +49,19 @@ _TEMPLATES: Final = (
     "ledger.html",
     "web.html",
 )
+
+
+def show_bidi_controls(value: Any) -> Any:
+    """``value`` with each bidi control written out as ``<U+XXXX>``; not a string: as is.
+
+    Runs before autoescaping, so the marker is escaped like the rest of the text;
+    markup already escaped (``Markup``) gets the marker escaped by hand.
+    """
+    if isinstance(value, Markup):
+        return Markup(str(value).translate(_VISIBLE_ESCAPED))
+    if isinstance(value, str):
+        return value.translate(_VISIBLE)
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +87,7 @@ class ConsoleAssets:
             auto_reload=False,
             trim_blocks=True,
             lstrip_blocks=True,
+            finalize=show_bidi_controls,
         )
         templates = {name: env.get_template(name) for name in _TEMPLATES}
         folder = resources.files("bot.console") / "static"

@@ -148,35 +148,38 @@ class ConsoleViews:
 
     async def login(self, request: Request) -> Response:
         """Check the posted token; set the session cookie."""
-        auth = self.guard.auth
-        client = client_of(request)
-        wait = auth.blocked_for(client)
-        if wait:
-            response: Response = self._login_page("", "Too many wrong tokens; wait.", 429)
-            response.headers["Retry-After"] = str(int(wait) + 1)
-            return secure(response)
         form = await read_form(request) or {}
-        if not auth.token_ok(form.get("token", "")):
-            auth.record_failure(client)
+        # The token is judged before any throttle: the right one always signs in.
+        check = self.guard.auth.check(form.get("token", ""), client_of(request))
+        if not check.ok:
+            if check.retry_after:  # logged once per window by ``ConsoleAuth``
+                response: Response = self._login_page("", "Too many wrong tokens; wait.", 429)
+                response.headers["Retry-After"] = str(int(check.retry_after) + 1)
+                return secure(response)
             logger.warning("console sign-in refused: wrong token")
             return secure(self._login_page(form.get("next", ""), "Wrong token.", 401))
         response = RedirectResponse(self._safe_next(form.get("next", "")), status_code=303)
         response.set_cookie(
             COOKIE_NAME,
-            auth.new_session(),
+            await self.guard.sign_in(),
             max_age=SESSION_SECONDS,
             path=self.prefix,
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            # The scheme the browser used: uvicorn takes it from X-Forwarded-Proto
+            # when the peer is a proxy FORWARDED_ALLOW_IPS trusts.
+            secure=_https(request),
         )
         logger.info("console sign-in")
         return secure(response)
 
     async def logout(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
-        """Drop the session cookie."""
+        """End the session server-side, and drop its cookie."""
+        await self.guard.sign_out(who)
         response = self._back("/login")
-        response.delete_cookie(COOKIE_NAME, path=self.prefix)
+        response.delete_cookie(
+            COOKIE_NAME, path=self.prefix, httponly=True, samesite="strict", secure=_https(request)
+        )
         return response
 
     async def static(self, request: Request) -> Response:
@@ -382,6 +385,10 @@ class ConsoleViews:
         if not accepted and await queries.conversation(self.services.store, session_id) is None:
             return self._back(back, "ignored")
         return self._back(f"/c/{session_id}")
+
+
+def _https(request: Request) -> bool:
+    return request.url.scheme == "https"
 
 
 def _nonce(form: Mapping[str, str]) -> str:

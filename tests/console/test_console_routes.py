@@ -73,17 +73,27 @@ def test_a_forged_or_expired_cookie_is_signed_out(console: ConsoleRig) -> None:
     assert response.status_code == 303
 
 
-def test_wrong_tokens_are_refused_then_rate_limited(console: ConsoleRig) -> None:
+def test_wrong_tokens_are_throttled_but_the_right_token_always_signs_in(
+    console: ConsoleRig,
+) -> None:
     for _ in range(MAX_FAILURES):
         wrong = console.client.post("/console/login", data={"token": "nope" * 8})
         assert wrong.status_code == 401
         assert "set-cookie" not in wrong.headers
-    # Past the limit even the right token waits: no guessing at speed.
-    blocked = console.client.post("/console/login", data={"token": TOKEN})
-    assert blocked.status_code == 429
-    assert int(blocked.headers["retry-after"]) > 0
-    bearer = console.client.get("/console", headers={"Authorization": f"Bearer {TOKEN}"})
-    assert bearer.status_code == 429
+    # Past the limit wrong tokens are told to wait, by the form and by bearer alike.
+    throttled = console.client.post("/console/login", data={"token": "nope" * 8})
+    assert throttled.status_code == 429 and "set-cookie" not in throttled.headers
+    assert int(throttled.headers["retry-after"]) > 0
+    wrong_bearer = console.client.get("/console", headers={"Authorization": "Bearer nope"})
+    assert wrong_bearer.status_code == 429 and "Hi!" not in wrong_bearer.text
+    # Whoever shares the address (a proxy's users) cannot lock the operator out.
+    right = console.client.post(
+        "/console/login", data={"token": TOKEN, "next": "/console"}, follow_redirects=False
+    )
+    assert right.status_code == 303 and "chatflow_console=" in right.headers["set-cookie"]
+    assert csrf_of(console.client.get("/console").text)
+    bearer = console.client.get("/console/api/ledger", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert bearer.status_code == 200
 
 
 def test_bearer_token_authenticates_scripts_without_csrf(console: ConsoleRig) -> None:

@@ -1,4 +1,4 @@
-"""On PostgreSQL: takeover state shared by processes, and the console's queries.
+"""On PostgreSQL: takeover state and sign-outs shared by processes, and the console's queries.
 
 Two stores on one database stand for two processes. Skipped without
 ``CHATFLOW_TEST_DATABASE_URL`` (failed in CI): ``scripts/with-postgres.sh`` sets it.
@@ -10,6 +10,9 @@ from pathlib import Path
 
 from bot.config import Settings
 from bot.console import queries
+from bot.console.auth import ConsoleAuth, Principal
+from bot.console.guard import Guard
+from bot.console.sessions import ConsoleSessions
 from bot.core.agent import Agent
 from bot.core.messages import Message, Role
 from bot.core.models.scripted import ScriptedModel
@@ -119,3 +122,23 @@ async def test_takeover_and_an_operator_reply_on_postgres_across_two_gateways(
         for started, store in made:
             await started.stop(grace=1)
             await store.close()
+
+
+async def test_a_sign_out_in_one_process_ends_the_session_in_every_process(pg_dsn: str) -> None:
+    one, two = PostgresSessionStore(pg_dsn), PostgresSessionStore(pg_dsn)
+    await one.open()
+    await two.open()
+    try:
+        auth = ConsoleAuth("console-token-for-tests-0123456789", SECRET)
+        first = Guard(auth, "/console", ConsoleSessions(one))
+        second = Guard(auth, "/console", ConsoleSessions(two))
+        cookie = await first.sign_in()
+        session = auth.session_of(cookie)
+        assert session is not None
+        assert await second.sessions.active(session)  # signed in on one, valid on both
+        await second.sign_out(Principal(session=session))
+        assert not await first.sessions.active(session)
+        assert not await second.sessions.active(session)
+    finally:
+        await one.close()
+        await two.close()

@@ -67,7 +67,12 @@ class BotProcess:
         try:
             await asyncio.wait_for(asyncio.shield(ready), within)
         except TimeoutError:
+            await self.kill()
             raise AssertionError("bot did not become ready:\n" + "\n".join(self.log)) from None
+        except BaseException:
+            # Reaped here: a process left to the garbage collector warns in a later test.
+            await self.kill()
+            raise
 
     async def _read(self, ready: asyncio.Future[None]) -> None:
         assert self.proc is not None and self.proc.stderr is not None
