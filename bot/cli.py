@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import logging
 import os
 import stat
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import timedelta
 from typing import Any
 
 from bot.agents_loader import load_agents
@@ -18,7 +20,7 @@ from bot.config import Settings, load_settings
 from bot.data_dir import ensure_data_dir
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
-from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger import DeliveryLedger, Obligation, ObligationState
 from bot.gateway.pairing import Pairing, sender_ref
 from bot.logs import configure_logging, quiet_console_logs
 from bot.setting_typos import setting_typos
@@ -133,10 +135,19 @@ async def _ledger(settings: Settings, args: argparse.Namespace) -> int:
         if args.action == "status":
             counts = await ledger.status()
             print("  ".join(f"{state}: {n}" for state, n in sorted(counts.items())) or "empty")
-            for row in await ledger.list_obligations(state=args.state, limit=args.limit):
+            rows: list[Obligation] = []
+            # What needs the operator first: failed and abandoned replies, then those
+            # still on their way; delivered ones only fill what is left of --limit.
+            for state in [args.state] if args.state else ATTENTION_ORDER:
+                left = args.limit - len(rows)
+                if left > 0 and (args.state or counts.get(state)):
+                    rows += await ledger.list_obligations(state=state, limit=left)
+            now = store.now()
+            for row in rows:
                 print(
                     f"{row.obligation_id}  {row.state:<10} {row.platform:<9} "
-                    f"attempts={row.attempts}  {row.last_error or ''}"
+                    f"{_age(now - row.created_at):>4} old  session {row.session_id}  "
+                    f"attempts={row.attempts}  {row.last_error or ''}".rstrip()
                 )
             return 0
         if args.action == "retry":
@@ -147,6 +158,25 @@ async def _ledger(settings: Settings, args: argparse.Namespace) -> int:
         return 0 if done else 1
     finally:
         await store.close()
+
+
+ATTENTION_ORDER: tuple[ObligationState, ...] = (
+    "failed",
+    "abandoned",
+    "attempting",
+    "pending",
+    "delivered",
+)
+"""``ledger status`` lists states in this order: what needs a person first."""
+
+
+def _age(delta: timedelta) -> str:
+    """``45s``, ``12m``, ``5h``, ``3d``."""
+    seconds = max(int(delta.total_seconds()), 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 async def _pairing(settings: Settings, args: argparse.Namespace) -> int:
@@ -178,13 +208,17 @@ async def _pairing(settings: Settings, args: argparse.Namespace) -> int:
             print(f"revoked {args.target}")
             return 0
         now = store.now()
-        for pending in await pairing.pending():
+        pending_codes = await pairing.pending()
+        for pending in pending_codes:
             left = (pending.expires_at - now).total_seconds() / 3600
             who = sender_ref(pending.platform, pending.sender)
             print(f"pending   {pending.code}  {who}  expires in {left:.1f} h")
-        for approval in await pairing.approvals():
+        approvals = await pairing.approvals()
+        for approval in approvals:
             who = sender_ref(approval.platform, approval.sender)
             print(f"approved  {who}  since {approval.approved_at:%Y-%m-%d %H:%M} UTC")
+        if not approvals and not pending_codes:
+            print("no pending codes and no approved senders")
         return 0
     finally:
         await store.close()
@@ -196,11 +230,19 @@ async def _doctor(settings: Settings, args: argparse.Namespace) -> int:
     return await run_checks(settings)
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("chatflow-bot")
+    except importlib.metadata.PackageNotFoundError:  # a source checkout, not installed
+        return "(not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="chatflow",
         description="Chatflow: LLM agents on Telegram and WhatsApp that never lose a reply.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser(

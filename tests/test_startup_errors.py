@@ -8,6 +8,7 @@ directory), with piped input as ``echo hi | make run`` gives it.
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,36 @@ def test_whatsapp_set_up_but_for_the_phone_id_is_an_error_not_the_terminal(
     assert result.returncode == 2
     line = one_error_line(result.stderr)
     assert "WhatsApp is half set up: WHATSAPP_PHONE_ID is missing" in line
+
+
+def test_ledger_status_lists_what_needs_attention_first_with_age_and_session(
+    tmp_path: Path,
+) -> None:
+    assert _bot(tmp_path, "chat", stdin="one\ntwo\nthree\n").returncode == 0
+    db = sqlite3.connect(tmp_path / "data" / "chatflow.db")
+    with db:
+        ids = [r[0] for r in db.execute("SELECT obligation_id FROM chatflow_delivery_obligations")]
+        db.execute(
+            "UPDATE chatflow_delivery_obligations SET state = 'failed' WHERE obligation_id = ?",
+            ids[:1],
+        )
+        db.execute(
+            "UPDATE chatflow_delivery_obligations SET state = 'abandoned', last_error = 'gave up' "
+            "WHERE obligation_id = ?",
+            ids[1:2],
+        )
+    db.close()
+    result = _bot(tmp_path, "ledger", "status", "--limit", "2")
+    counts, *rows = result.stdout.splitlines()
+    assert "abandoned: 1" in counts and "delivered: 1" in counts and "failed: 1" in counts
+    assert [row.split()[1] for row in rows] == ["failed", "abandoned"]
+    assert all(" old  session console-" in row for row in rows)
+    assert rows[1].endswith("gave up")
+
+
+def test_version_and_an_empty_pairing_list_say_something(tmp_path: Path) -> None:
+    version = _bot(tmp_path, "--version")
+    assert version.returncode == 0 and version.stdout.startswith("chatflow ")
+    listed = _bot(tmp_path, "pairing", "list")
+    assert listed.returncode == 0
+    assert listed.stdout.strip() == "no pending codes and no approved senders"
