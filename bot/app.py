@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
 from typing import IO
@@ -27,7 +28,7 @@ from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.instance_lock import InstanceLock
 from bot.metrics import Metrics
-from bot.server import HttpServer, build_app
+from bot.server import HttpServer, build_app, listen_socket
 
 __all__ = [
     "POLLING_CONFLICT_MESSAGE",
@@ -184,6 +185,16 @@ class Bot:
         """Start everything, serve until SIGTERM/SIGINT (or console EOF), stop gracefully."""
         settings = self.settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        # First: a busy port is said before the banner and before any input is read.
+        sock = listen_socket(settings.http_host, settings.http_port) if self.serve_http else None
+        try:
+            await self._run(sock)
+        finally:
+            if sock is not None:
+                sock.close()  # a no-op once the server closed it
+
+    async def _run(self, sock: socket.socket | None) -> None:
+        settings = self.settings
         store = open_store(settings)
         instances: InstanceRegistry | None = None
         runner: Runner | None = None
@@ -217,7 +228,7 @@ class Bot:
                 metrics=self.metrics,
                 instances=instances,
             )
-            await self._serve(gateway, adapters, secret)
+            await self._serve(gateway, adapters, secret, sock)
         finally:
             if runner is not None:  # after the gateway drained: no turn needs a tool now
                 await runner.close_mcp_servers()
@@ -226,7 +237,11 @@ class Bot:
             await store.close()
 
     async def _serve(
-        self, gateway: Gateway, adapters: list[PlatformAdapter], secret: bytes
+        self,
+        gateway: Gateway,
+        adapters: list[PlatformAdapter],
+        secret: bytes,
+        sock: socket.socket | None,
     ) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -256,7 +271,7 @@ class Bot:
                     self.settings.http_port,
                     forwarded_allow_ips=self.settings.forwarded_allow_ips,
                 )
-                await server.start()
+                await server.start(sock)
             waiters = [asyncio.create_task(stop.wait())]
             for adapter in adapters:
                 if adapter.closed is not None:
@@ -294,9 +309,19 @@ class Bot:
             f"Chatflow: {names}; model {model}; database {self.settings.database_label}; "
             f"streamed replies {'on' if self.settings.stream_replies else 'off'}",
             f"Webhooks, /healthz and /metrics: {where}.",
-            "Connect Telegram with TELEGRAM_BOT_TOKEN, WhatsApp with WHATSAPP_PHONE_ID and "
-            "WHATSAPP_TOKEN, a real model with OPENAI_API_KEY or GEMINI_API_KEY (.env.example).",
         ]
+        missing = []  # only what is not set up yet
+        if not self.settings.telegram_enabled:
+            missing.append("Telegram with TELEGRAM_BOT_TOKEN")
+        if not self.settings.whatsapp_enabled:
+            missing.append(
+                "WhatsApp with WHATSAPP_PHONE_ID, WHATSAPP_TOKEN, WHATSAPP_VERIFY_TOKEN "
+                "and WHATSAPP_APP_SECRET"
+            )
+        if model == "offline":
+            missing.append("a real model with OPENAI_API_KEY or GEMINI_API_KEY")
+        if missing:
+            lines.append(f"Connect {', '.join(missing)} (.env.example).")
         if self.serve_http and self.settings.console_token is not None:
             lines.insert(2, f"Operator console: {where}/console (sign in with CONSOLE_TOKEN).")
         print("\n".join(lines), file=sys.stderr, flush=True)

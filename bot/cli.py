@@ -34,7 +34,9 @@ Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
 NO_PLATFORM_MESSAGE = (
     "no platform configured and no input to chat over: set TELEGRAM_BOT_TOKEN, or "
-    "WHATSAPP_PHONE_ID and WHATSAPP_TOKEN (see .env.example), or use `chatflow chat`"
+    "WHATSAPP_PHONE_ID, WHATSAPP_TOKEN, WHATSAPP_VERIFY_TOKEN and WHATSAPP_APP_SECRET, "
+    "or CONSOLE_TOKEN for the console's web chat (see .env.example); or talk in a "
+    "terminal with `python -m bot chat`"
 )
 """Why ``run`` stops when it has nobody to talk to."""
 
@@ -46,6 +48,8 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
         # a service with no input at all would idle forever, so it stops and says why.
         if settings.telegram_enabled or settings.whatsapp_enabled:
             console = False
+        elif settings.console_token is not None:
+            console = False  # the console's web chat is the platform (no account needed)
         elif stdin_has_input():
             console = True
         else:

@@ -59,6 +59,28 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, or ``ConfigurationError`` naming the setting.
+
+    Bound by us rather than by uvicorn, which exits the process when a port is
+    taken; and bound first thing at start-up, so a busy port is said before the
+    banner and before any input is read.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigurationError(
+            f"HTTP_HOST/HTTP_PORT: cannot listen on {host}:{port} ({exc.strerror})",
+            setting="HTTP_PORT",
+        ) from exc
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
 class HttpServer:
     """uvicorn serving an app inside the bot's own event loop (no signal handlers of its own)."""
 
@@ -101,24 +123,11 @@ class HttpServer:
             return int(self._sock.getsockname()[1])
         return self._port
 
-    async def start(self) -> None:
-        """Bind and serve in the background; return once listening.
-
-        The socket is bound here rather than by uvicorn, which exits the process
-        when a port is taken; we raise ``ConfigurationError`` naming the setting.
-        """
-        sock = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self._host, self._port))
-        except OSError as exc:
-            sock.close()
-            raise ConfigurationError(
-                f"HTTP_HOST/HTTP_PORT: cannot listen on {self._host}:{self._port} ({exc.strerror})",
-                setting="HTTP_PORT",
-            ) from exc
-        sock.listen(128)
-        sock.setblocking(False)
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Serve in the background on ``sock`` (from ``listen_socket``; bound here when
+        not given); return once listening."""
+        if sock is None:
+            sock = listen_socket(self._host, self._port)
         self._sock = sock
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:

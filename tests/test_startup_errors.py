@@ -7,13 +7,19 @@ directory), with piped input as ``echo hi | make run`` gives it.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import signal
+import socket
 import sqlite3
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.test_cli import ROOT, _bot
+from tests.e2e.botprocess import free_port
+from tests.test_cli import ROOT, _bot, _env
 
 ONE_LINE_COMMANDS = [
     pytest.param(["run"], id="run"),
@@ -182,3 +188,50 @@ def test_version_and_an_empty_pairing_list_say_something(tmp_path: Path) -> None
     listed = _bot(tmp_path, "pairing", "list")
     assert listed.returncode == 0
     assert listed.stdout.strip() == "no pending codes and no approved senders"
+
+
+def test_a_busy_port_is_said_before_the_banner_and_before_input_is_read(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = _bot(tmp_path, "run", stdin="where is my order?\n", HTTP_PORT=str(port))
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)  # no banner, no "could not be accepted", no trace
+    assert line == (
+        f"chatflow: configuration error: HTTP_HOST/HTTP_PORT: cannot listen on "
+        f"127.0.0.1:{port} (Address already in use)"
+    )
+    assert result.stdout == ""  # the piped message was never taken
+
+
+async def test_run_with_only_the_web_chat_and_no_stdin_serves_it(tmp_path: Path) -> None:
+    """D9: under systemd or docker (no stdin), CONSOLE_TOKEN alone is a platform."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "run",
+        cwd=tmp_path,
+        env=_env(tmp_path, HTTP_PORT=str(port), CONSOLE_TOKEN="c" * 32),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = b""
+        while b"HTTP server listening" not in seen:
+            line = await asyncio.wait_for(proc.stderr.readline(), 30)
+            assert line, f"bot exited: {seen.decode()}"
+            seen += line
+        assert b"Chatflow: web;" in seen
+        async with httpx.AsyncClient() as client:
+            page = await client.get(f"http://127.0.0.1:{port}/console/login")
+        assert page.status_code == 200
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0
