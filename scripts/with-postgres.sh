@@ -40,7 +40,9 @@ bindir=$(dirname "$initdb_path")
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/chatflow-pg.XXXXXX")
 as_server_user() {
     if [ "$(id -u)" -eq 0 ]; then
-        runuser -u postgres -- "$@"
+        # From /: the postgres user may not be allowed into the caller's folder (a
+        # clone under a 0700 home), which PostgreSQL would report, harmlessly but alarmingly.
+        (cd / && runuser -u postgres -- "$@")
     else
         "$@"
     fi
