@@ -47,6 +47,9 @@ class Settings(BaseSettings):
         frozen=True,
         # `TELEGRAM_BOT_TOKEN=` (as .env.example leaves it) means "not set", not "".
         env_ignore_empty=True,
+        # The docstrings below become the fields' descriptions: the README's table of
+        # settings is generated from them (scripts/settings_table.py).
+        use_attribute_docstrings=True,
     )
 
     data_dir: Path = Path("./data")

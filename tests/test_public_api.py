@@ -123,11 +123,3 @@ def test_agents_readme_library_example_runs_offline(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("[Order Tracking]")
     assert "DHL Express" in result.stdout
-
-
-def test_env_example_documents_every_setting() -> None:
-    from bot.config import Settings
-
-    example = (ROOT / ".env.example").read_text()
-    missing = [n.upper() for n in Settings.model_fields if f"{n.upper()}=" not in example]
-    assert missing == []
