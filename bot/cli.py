@@ -333,8 +333,8 @@ def _parser() -> argparse.ArgumentParser:
 
     doctor = sub.add_parser(
         "doctor",
-        help="check settings, database, platforms and model endpoints",
-        description="One line per check; exits non-zero if any check fails.",
+        help="check settings, data folder, database, port, agents, models and platforms",
+        description="One line per check (ok, WARN or FAIL); exits non-zero if any check fails.",
     )
     doctor.set_defaults(handler=_doctor)
     return parser

@@ -1,4 +1,5 @@
-"""``chatflow doctor``: check settings, database, agents, platforms and models, one line each."""
+"""``chatflow doctor``: settings, data folder, database, port, agents, models, MCP servers
+and platforms, one line each (``ok``, ``WARN`` or ``FAIL``)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from dataclasses import dataclass
 
 import httpx
 
-from bot.agents_loader import load_agents
+from bot.agents_loader import LoadedAgents, load_agents
 from bot.app import open_store
 from bot.config import Settings
 from bot.core.mcp_lifecycle import servers_of
 from bot.core.mcp_servers import MCPServer
 from bot.core.models.routing import ModelSettings, default_model_name, route_model
+from bot.data_dir import ensure_data_dir
 from bot.errors import ChatflowError
+from bot.server import listen_socket
+from bot.setting_typos import setting_typos
 
 __all__ = ["CheckResult", "run_checks"]
 
@@ -32,6 +36,8 @@ class CheckResult:
     """Whether it passed."""
     detail: str
     """One line for the operator."""
+    warning: bool = False
+    """Passed, but worth a look (``WARN``): never fails the run."""
 
 
 async def _check_database(settings: Settings) -> CheckResult:
@@ -46,14 +52,41 @@ async def _check_database(settings: Settings) -> CheckResult:
         await store.close()
 
 
-async def _check_models(settings: Settings, client: httpx.AsyncClient) -> list[CheckResult]:
+def _check_data_dir(settings: Settings) -> CheckResult:
+    try:
+        ensure_data_dir(settings.data_dir)
+    except ChatflowError as exc:
+        return CheckResult("data dir", False, str(exc))
+    return CheckResult("data dir", True, f"{settings.data_dir.resolve()} (writable)")
+
+
+def _check_http_port(settings: Settings) -> CheckResult:
+    where = f"{settings.http_host}:{settings.http_port}"
+    if settings.http_port == 0:
+        return CheckResult("http", True, f"{settings.http_host}: a free port is picked at start")
+    try:
+        listen_socket(settings.http_host, settings.http_port).close()
+    except ChatflowError as exc:
+        return CheckResult("http", False, f"{exc} (is the bot already running?)")
+    return CheckResult("http", True, f"{where} is free")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+async def _check_models(
+    settings: Settings, loaded: LoadedAgents, client: httpx.AsyncClient
+) -> list[CheckResult]:
     model_settings = ModelSettings.from_settings(settings)
-    loaded = load_agents(settings.agents_module)
     agents = loaded.starting_agent.reachable_agents()
-    names = sorted({a.model or default_model_name(model_settings) for a in agents})
-    results = [CheckResult("agents", True, f"{len(agents)} agents from {loaded.source}")]
-    for name in names:
-        route = route_model(name, model_settings)
+    results = [CheckResult("agents", True, f"{_plural(len(agents), 'agent')} from {loaded.source}")]
+    try:
+        names = sorted({a.model or default_model_name(model_settings) for a in agents})
+        routes = [(name, route_model(name, model_settings)) for name in names]
+    except ChatflowError as exc:
+        return [CheckResult("agents", False, str(exc))]
+    for name, route in routes:
         if route.provider == "offline":
             results.append(CheckResult(f"model {name}", True, "offline demo model (no network)"))
             continue
@@ -87,8 +120,8 @@ async def _check_mcp_server(server: MCPServer) -> CheckResult:
     return CheckResult(name, True, f"{server.describe()}: {len(tools)} tools: {listed}")
 
 
-async def _check_mcp(settings: Settings) -> list[CheckResult]:
-    agents = load_agents(settings.agents_module).starting_agent.reachable_agents()
+async def _check_mcp(loaded: LoadedAgents) -> list[CheckResult]:
+    agents = loaded.starting_agent.reachable_agents()
     return [await _check_mcp_server(server) for server in servers_of(agents)]
 
 
@@ -98,7 +131,12 @@ async def _check_telegram(settings: Settings, client: httpx.AsyncClient) -> Chec
     try:
         response = await client.post(f"{settings.telegram_api_base_url}{token}/getMe")
     except httpx.HTTPError as exc:
-        return CheckResult("telegram", False, f"Bot API unreachable ({type(exc).__name__})")
+        return CheckResult(
+            "telegram",
+            False,
+            f"Telegram unreachable ({type(exc).__name__}): check the network, or "
+            "TELEGRAM_API_BASE_URL; the bot would retry at start",
+        )
     if response.status_code != 200:
         return CheckResult(
             "telegram",
@@ -161,22 +199,42 @@ async def _guard(name: str, check: Callable[[], Awaitable[CheckResult]]) -> Chec
 
 async def run_checks(settings: Settings) -> int:
     """Run every check, print one line each, return the process exit code."""
-    results = [CheckResult("settings", True, "loaded"), _access(settings)]
-    results.append(await _guard("database", lambda: _check_database(settings)))
+    results = [CheckResult("settings", True, "loaded")]
+    results += [
+        CheckResult("settings", True, typo.message(), warning=True)
+        for typo in setting_typos(Settings.model_fields)
+    ]
+    data_dir = _check_data_dir(settings)
+    results += [data_dir, _access(settings)]
+    if data_dir.ok or settings.database_dialect == "postgres":
+        results.append(await _guard("database", lambda: _check_database(settings)))
+    else:
+        results.append(CheckResult("database", False, "not checked: DATA_DIR is unusable"))
+    results.append(_check_http_port(settings))
+    loaded: LoadedAgents | None = None
+    try:
+        loaded = load_agents(settings.agents_module)
+    except ChatflowError as exc:
+        results.append(CheckResult("agents", False, str(exc)))
     async with httpx.AsyncClient(timeout=TIMEOUT) as client:
-        try:
-            results.extend(await _check_models(settings, client))
-        except ChatflowError as exc:
-            results.append(CheckResult("agents", False, str(exc)))
-        try:
-            results.extend(await _check_mcp(settings))
-        except ChatflowError as exc:
-            results.append(CheckResult("mcp", False, str(exc)))
+        if loaded is not None:
+            results.extend(await _check_models(settings, loaded, client))
+            results.extend(await _check_mcp(loaded))
         if settings.telegram_enabled:
             results.append(await _guard("telegram", lambda: _check_telegram(settings, client)))
         if settings.whatsapp_enabled:
             results.append(await _guard("whatsapp", lambda: _check_whatsapp(settings, client)))
+        if not (settings.telegram_enabled or settings.whatsapp_enabled):
+            web = " and the console's web chat" if settings.console_token is not None else ""
+            results.append(
+                CheckResult(
+                    "platforms",
+                    True,
+                    f"none configured: the terminal chat{web} only (TELEGRAM_BOT_TOKEN or "
+                    "the WHATSAPP_* settings connect one)",
+                )
+            )
     for result in results:
-        mark = "ok  " if result.ok else "FAIL"
+        mark = "FAIL" if not result.ok else "WARN" if result.warning else "ok  "
         print(f"{mark} {result.name}: {result.detail}", file=sys.stdout)
     return 0 if all(r.ok for r in results) else 1

@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -235,3 +236,57 @@ async def test_run_with_only_the_web_chat_and_no_stdin_serves_it(tmp_path: Path)
             proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0
+
+
+def _doctor_lines(result: subprocess.CompletedProcess[str]) -> dict[str, list[str]]:
+    assert "Traceback" not in result.stdout + result.stderr
+    lines: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        mark, rest = line[:4].strip(), line[5:]
+        lines.setdefault(rest.split(":", 1)[0], []).append(f"{mark} {rest}")
+    return lines
+
+
+def test_doctor_reports_each_start_up_mistake_as_a_line(tmp_path: Path) -> None:
+    orders = _project_agents(tmp_path) / "orders.py"
+    orders.write_text(orders.read_text().replace("def ", "def (", 1))
+    (tmp_path / ".env").write_text("ACCES_MODE=pairing\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = _bot(
+            tmp_path,
+            "doctor",
+            DATA_DIR="/proc/chatflow",
+            HTTP_PORT=str(port),
+            TELEGRAM_BOT_TOKEN="123:abc",
+            TELEGRAM_API_BASE_URL=f"http://127.0.0.1:{free_port()}/bot",
+        )
+    assert result.returncode == 1
+    lines = _doctor_lines(result)
+    assert (
+        lines["settings"][1]
+        == "WARN settings: ACCES_MODE is not a setting; did you mean ACCESS_MODE?"
+    )
+    assert lines["data dir"][0].startswith("FAIL data dir: DATA_DIR: cannot create /proc/chatflow")
+    assert lines["http"][0].startswith(
+        f"FAIL http: HTTP_HOST/HTTP_PORT: cannot listen on 127.0.0.1:{port}"
+    )
+    (agents,) = lines["agents"]
+    assert agents.startswith("FAIL agents: AGENTS_MODULE: the agents in") and "orders.py:" in agents
+    assert "mcp" not in lines  # the same failure is not reported twice
+    assert lines["telegram"][0].startswith("FAIL telegram: Telegram unreachable")
+
+
+def test_doctor_validates_the_agent_graph(tmp_path: Path) -> None:
+    init = _project_agents(tmp_path) / "__init__.py"
+    init.write_text(
+        init.read_text()
+        + "\nfrom bot import Agent as _Agent\n"
+        + "starting_agent.handoffs[0].handoffs = (_Agent(name='Triage', instructions='x'),)\n"
+    )
+    result = _bot(tmp_path, "doctor")
+    assert result.returncode == 1
+    (agents,) = _doctor_lines(result)["agents"]
+    assert agents.startswith("FAIL agents: ") and "two different agents" in agents
