@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot import Agent, ToolContext, tool
 
-from ._data import read_data_file
+from ._data import SampleDate, read_data_file
 
 __all__ = [
     "BILLING_INSTRUCTIONS",
@@ -58,7 +58,7 @@ class _InvoiceRecord(BaseModel):
     amount: Decimal
     currency: str
     status: Literal["open", "paid", "refunded"]
-    issued_on: date
+    issued_on: SampleDate
 
 
 _INVOICES = TypeAdapter(dict[str, _InvoiceRecord])

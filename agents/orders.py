@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import logging
 import re
-from datetime import date
 from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
 from bot import Agent, tool
 
-from ._data import read_data_file
+from ._data import SampleDate, read_data_file
 
 __all__ = [
     "ORDER_TRACKING_INSTRUCTIONS",
@@ -39,9 +38,9 @@ class OrderRecord(BaseModel):
     """Shipping company, once it has the parcel."""
     tracking_number: str | None = None
     """The carrier's tracking number."""
-    eta: date | None = None
+    eta: SampleDate | None = None
     """Expected delivery date, while on its way."""
-    delivered_on: date | None = None
+    delivered_on: SampleDate | None = None
     """Delivery date, once delivered."""
     note: str | None = None
     """A line for the customer about the current state."""

@@ -27,4 +27,4 @@ class Replies:
     help: str = "Just write to me. /reset starts our conversation over, /help shows this message."
     """Answer to ``/help``."""
     greeting: str = "Hello! I'm {agent}. How can I help?"
-    """Answer to ``/start``; ``{agent}`` is the starting agent's name."""
+    """Answer to ``/start``; ``{agent}`` names the agent holding the conversation."""

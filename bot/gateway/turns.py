@@ -107,14 +107,18 @@ class Turns:
             await self.inbox.mark_started_alone(event.message_id)
         command = event.command
         if command in ("start", "help", "reset"):
+            agent = self.runner.starting_agent.name
             if command == "reset":
                 await self.store.delete(entry.session_id)
+            elif command == "start":
+                # A handoff may have moved the conversation: greet as the one who holds it.
+                agent = await self._active_agent_name(entry.session_id)
             text = {
-                "start": self.replies.greeting.format(agent=self.runner.starting_agent.name),
+                "start": self.replies.greeting.format(agent=agent),
                 "help": self.replies.help,
                 "reset": self.replies.reset,
             }[command]
-            await self._answer_without_turn(entry, text)
+            await self._answer_without_turn(entry, text, agent=agent)
             return
         if len(event.text) > MAX_INBOUND_CHARS:
             await self._answer_without_turn(entry, self.replies.too_long, error="message too long")
@@ -235,13 +239,28 @@ class Turns:
         for item in obligation:
             await self.outbox.send(item)
 
+    async def _active_agent_name(self, session_id: str) -> str:
+        """The agent holding ``session_id``: the starting agent for a new conversation,
+        one on an agent that no longer exists, or one that cannot be read now."""
+        try:
+            session = await self.store.get(session_id)
+        except ChatflowError as exc:
+            logger.warning(
+                "could not read session %s for its agent (%s)", session_id, type(exc).__name__
+            )
+            session = None
+        if session is not None and self.runner.get_agent(session.active_agent.name) is not None:
+            return session.active_agent.name
+        return self.runner.starting_agent.name
+
     async def _answer_without_turn(
-        self, entry: InboxEntry, text: str, *, error: str | None = None
+        self, entry: InboxEntry, text: str, *, error: str | None = None, agent: str | None = None
     ) -> None:
-        """Record a fixed answer and close the inbox row in one transaction, then send it."""
+        """Record a fixed answer and close the inbox row in one transaction, then send it
+        (labelled, where the channel shows labels, as ``agent``; the starting agent by default)."""
         adapter = self._adapters.get(entry.event.platform)
         if adapter is not None:
-            text = adapter.format_reply(text, self.runner.starting_agent.name)
+            text = adapter.format_reply(text, agent or self.runner.starting_agent.name)
 
         async def body(tx: Transaction) -> Obligation | None:
             obligation = await self._record(tx, entry, text)
@@ -271,9 +290,8 @@ class Turns:
         await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
         if text is None:
             return None
-        adapter = self._adapters.get(entry.event.platform)
-        if adapter is not None:
-            text = adapter.format_reply(text, self.runner.starting_agent.name)
+        # Not through format_reply: no agent ran, so none may seem to speak (the console
+        # would print "[Triage] This assistant is private ...").
         return await self._record(tx, entry, text, claimed=False)
 
     async def _record(

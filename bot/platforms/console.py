@@ -52,6 +52,7 @@ __all__ = [
     "CONSOLE_CHAT_ID",
     "CONSOLE_DRAFT_INTERVAL",
     "CONSOLE_SENDER_ID",
+    "NOT_ADMITTED_NOTICE",
     "PROMPT",
     "ConsoleAdapter",
     "LineInput",
@@ -68,6 +69,11 @@ CONSOLE_SENDER_ID = "local-user"
 """The one person who types into the console."""
 PROMPT = "> "
 """Shown before each line read from an interactive terminal."""
+NOT_ADMITTED_NOTICE = (
+    f"(not answered: {CONSOLE_SENDER_ID} is not in ALLOWED_USERS; "
+    "add it there to talk from this terminal)"
+)
+"""Written for a line the access settings ignore, in place of the reply it will not get."""
 
 _COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@\S*)?(?:\s|$)")
 """A Telegram-style command word: ``/reset``, ``/start hello``; ``/usr/bin`` is text."""
@@ -282,13 +288,20 @@ class ConsoleAdapter(PlatformAdapter):
                     continue
                 event = self._make_event(text)
                 try:
-                    await on_event(event)
+                    accepted = await on_event(event)
                 except Exception:
                     # There is no redelivery on a terminal: say so and go on.
                     logger.exception("console message %s was not accepted", event.message_id)
                     await asyncio.to_thread(
                         self._write, "(that message could not be accepted; please retry)\n"
                     )
+                    continue
+                if not accepted:
+                    # The gateway ignores a message only as a duplicate (never: each line
+                    # has a fresh id) or as one the access settings do not admit. Silence
+                    # would look like a dead bot to the operator trying the allow list.
+                    logger.debug("console message %s not admitted", event.message_id)
+                    await asyncio.to_thread(self._write, NOT_ADMITTED_NOTICE + "\n")
         finally:
             self._finish()
 

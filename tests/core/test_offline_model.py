@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import pytest
 
 from bot.core.agent import Agent, tool
-from bot.core.messages import Message, Role, ToolCall
+from bot.core.attachments import attachment_note
+from bot.core.messages import DocumentPart, Message, Role, ToolCall
 from bot.core.models import OFFLINE_PREFIX, OfflineModel, ToolSpec, current_agent_name
 
 
@@ -141,3 +142,131 @@ async def test_answers_are_deterministic() -> None:
     first = await ask([user("hello")], TRIAGE.tool_specs())
     second = await ask([user("hello")], TRIAGE.tool_specs())
     assert first == second
+
+
+# -- a demo that flows: hub and spoke, several handoffs in one turn ----------------------
+
+
+@tool
+def get_invoice(invoice_id: str) -> str:
+    """Get one invoice.
+
+    Args:
+        invoice_id: The invoice number, e.g. "INV-2001".
+    """
+    return invoice_id
+
+
+@tool
+def request_refund(invoice_id: str, reason: str) -> str:
+    """Open a refund request.
+
+    Args:
+        invoice_id: The invoice number, e.g. "INV-2001".
+        reason: Why, in the customer's words.
+    """
+    return invoice_id
+
+
+def hub_and_spoke() -> tuple[Agent, Agent, Agent]:
+    front = Agent("Front", "", handoff_description="Front desk: greetings.")
+    orders = Agent("Orders", "", tools=[lookup_order], handoff_description="Orders, parcels.")
+    bills = Agent(
+        "Bills", "", tools=[get_invoice, request_refund], handoff_description="Invoices, refunds."
+    )
+    front.handoffs = [orders, bills]
+    orders.handoffs = [front]
+    bills.handoffs = [front]
+    return front, orders, bills
+
+
+def handed(caller: str, target: str, call_id: str) -> list[Message]:
+    call = ToolCall(id=call_id, name=f"transfer_to_{target.lower()}")
+    return [
+        Message(role=Role.MODEL, tool_calls=[call], agent=caller),
+        Message(role=Role.TOOL, tool_call_id=call_id, content=f"Transferred to {target}"),
+    ]
+
+
+async def test_a_specialist_hands_what_is_not_its_job_back_to_where_it_started() -> None:
+    _, orders, _ = hub_and_spoke()
+    earlier = [user("where is order #1001?"), *handed("Front", "Orders", "h1")]
+
+    for text in ("hello", "I need a refund for invoice INV-2001"):
+        _, calls = await ask([*earlier, user(text)], orders.tool_specs(), agent="Orders")
+        assert [c.name for c in calls] == ["transfer_to_front"], text
+
+
+async def test_in_one_turn_a_message_travels_on_but_never_back() -> None:
+    front, _, bills = hub_and_spoke()
+    turn = [
+        user("where is order #1001?"),
+        *handed("Front", "Orders", "h1"),
+        user("I need a refund for invoice INV-2001"),
+        *handed("Orders", "Front", "h2"),
+    ]
+    _, calls = await ask(turn, front.tool_specs(), agent="Front")
+    assert [c.name for c in calls] == ["transfer_to_bills"]
+    # Bills held nothing yet; Front and Orders did this turn: no way back to them.
+    refund_turn = [*turn, *handed("Front", "Bills", "h3")]
+    _, calls = await ask(refund_turn, bills.tool_specs(), agent="Bills")
+    assert [(c.name, c.arguments) for c in calls] == [
+        (
+            "request_refund",
+            {"invoice_id": "INV-2001", "reason": "I need a refund for invoice INV-2001"},
+        )
+    ]
+    hello = [*turn[:-2], user("hello"), *handed("Orders", "Front", "h2")]
+    content, calls = await ask(hello, front.tool_specs(), agent="Front")
+    assert calls == [] and content is not None and 'You said: "hello"' in content
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("show me invoice INV-2001", ("get_invoice", {"invoice_id": "INV-2001"})),
+        ("INV-2002 please", ("get_invoice", {"invoice_id": "INV-2002"})),
+        ("refund inv-2003, it broke", ("request_refund", {"invoice_id": "inv-2003"})),
+    ],
+    ids=["named", "by-its-shape", "refund"],
+)
+async def test_the_tool_the_text_names_and_fills_best_wins(
+    text: str, expected: tuple[str, dict[str, str]]
+) -> None:
+    _, _, bills = hub_and_spoke()
+    _, calls = await ask([user(text)], bills.tool_specs(), agent="Bills")
+    name, arguments = expected
+    assert [c.name for c in calls] == [name]
+    assert calls[0].arguments.items() >= arguments.items()
+
+
+async def test_another_kind_of_number_is_not_read_as_an_invoice_number() -> None:
+    _, _, bills = hub_and_spoke()
+    content, calls = await ask([user("where is my order #1001?")], bills.tool_specs(), "Bills")
+    assert calls == [] and content is not None and "Bills here" in content
+
+
+async def test_a_named_tool_without_its_id_asks_for_it() -> None:
+    _, _, bills = hub_and_spoke()
+    content, calls = await ask([user("I want a refund")], bills.tool_specs(), agent="Bills")
+    assert calls == []
+    assert content == (
+        f'{OFFLINE_PREFIX}Bills here. To request refund I need the invoice number, e.g. "INV-2001".'
+    )
+
+
+async def test_the_note_about_an_attached_file_is_not_repeated() -> None:
+    part = DocumentPart(sha256="a" * 64, mime_type="text/csv", size=70, file_name="sales.csv")
+    call = ToolCall(id="c1", name="sales_chart", arguments={})
+    history = [
+        user("sales chart"),
+        Message(role=Role.MODEL, tool_calls=[call]),
+        Message(
+            role=Role.TOOL,
+            tool_call_id="c1",
+            content=f"Chart of May ready.\n{attachment_note(part)}",
+            parts=[part],
+        ),
+    ]
+    content, _ = await ask(history, [])
+    assert content == f"{OFFLINE_PREFIX}I checked sales chart: Chart of May ready."

@@ -12,7 +12,13 @@ import pytest
 from bot.errors import PlatformError
 from bot.gateway.contract import MessageEvent, OutgoingFile
 from bot.platforms.base import EventHandler, PlatformAdapter, SendResult
-from bot.platforms.console import CONSOLE_CHAT_ID, CONSOLE_SENDER_ID, PROMPT, ConsoleAdapter
+from bot.platforms.console import (
+    CONSOLE_CHAT_ID,
+    CONSOLE_SENDER_ID,
+    NOT_ADMITTED_NOTICE,
+    PROMPT,
+    ConsoleAdapter,
+)
 
 
 class TTYStringIO(io.StringIO):
@@ -134,6 +140,23 @@ async def test_a_failing_handler_is_reported_and_reading_goes_on() -> None:
 
     assert [e.text for e in handler.events] == ["fine"]
     assert "could not be accepted" in output.getvalue()
+
+
+async def test_a_line_the_gateway_ignores_gets_one_line_saying_why() -> None:
+    # The gateway answers False for a message the access settings do not admit.
+    output = io.StringIO()
+    adapter = ConsoleAdapter(input_stream=io.StringIO("hello\nagain\n"), output_stream=output)
+    seen: list[str] = []
+
+    async def not_admitted(event: MessageEvent) -> bool:
+        seen.append(event.text)
+        return False
+
+    await run_until_eof(adapter, not_admitted)
+
+    assert seen == ["hello", "again"]
+    assert output.getvalue() == f"{NOT_ADMITTED_NOTICE}\n" * 2
+    assert "local-user is not in ALLOWED_USERS" in NOT_ADMITTED_NOTICE
 
 
 async def test_send_writes_lines_and_counts_ids() -> None:
