@@ -130,3 +130,34 @@ def test_a_malformed_telegram_token_is_refused_without_showing_it(
     assert "my secret token" not in str(info.value)
     monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw")
     assert load_settings().telegram_enabled
+
+
+def test_the_attachments_folder_defaults_to_the_outbox_and_never_holds_data_dir(
+    tmp_path: Path,
+) -> None:
+    assert load_settings(data_dir=tmp_path).outbox_dir == tmp_path / "outbox"
+    assert load_settings(data_dir=tmp_path, attachments_dir=tmp_path / "files").outbox_dir == (
+        tmp_path / "files"
+    )
+    for folder in (tmp_path, tmp_path.parent):
+        with pytest.raises(ConfigurationError, match="ATTACHMENTS_DIR must not be DATA_DIR"):
+            load_settings(data_dir=tmp_path, attachments_dir=folder)
+    with pytest.raises(ConfigurationError, match="SQLite database"):
+        load_settings(
+            data_dir=tmp_path / "data",
+            attachments_dir=tmp_path / "shared",
+            database_url=f"sqlite:///{tmp_path}/shared/chatflow.db",
+        )
+
+
+def test_media_settings_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCUMENT_TIMEOUT_SECONDS", "7.5")
+    monkeypatch.setenv("WHATSAPP_MEDIA_HOSTS", "media.example.com, http://127.0.0.1:8081")
+    settings = load_settings()
+    assert settings.document_timeout_seconds == 7.5
+    assert settings.whatsapp_media_hosts == frozenset(
+        {"media.example.com", "http://127.0.0.1:8081"}
+    )
+    monkeypatch.setenv("DOCUMENT_TIMEOUT_SECONDS", "0")
+    with pytest.raises(ConfigurationError, match="DOCUMENT_TIMEOUT_SECONDS"):
+        load_settings()

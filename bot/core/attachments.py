@@ -8,8 +8,10 @@ them as ``ImagePart``/``DocumentPart`` references, which the gateway records
 with the reply it owes and sends after it. Message rows and ledger rows only
 ever hold the references.
 
-A path must be inside ``DATA_DIR`` (a relative one is read from there): a tool
-cannot be talked into mailing ``/etc/passwd`` to a chat.
+A path must be inside the attachments folder (``ATTACHMENTS_DIR``, default
+``DATA_DIR/outbox``; a relative path is read from there), after symlinks are
+resolved: a tool cannot be talked into mailing ``/etc/passwd``, the database,
+the installation secret or other users' files from ``DATA_DIR/media`` to a chat.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ OutgoingPart = ImagePart | DocumentPart
 
 _PHOTO_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _DEFAULT_MEDIA_DIR = "data/media"
+_OUTSIDE = "the path is outside the attachments folder (ATTACHMENTS_DIR)"
 
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    """One file a tool returns: bytes, or a path under ``DATA_DIR``.
+    """One file a tool returns: bytes, or a path in the attachments folder.
 
     ``kind`` ``None`` means a photo for JPEG/PNG/GIF/WebP bytes, a document
     otherwise. ``mime_type`` ``None`` is read from the bytes or the file name.
@@ -60,7 +63,8 @@ class Attachment:
     data: bytes | None = None
     """The file's bytes (or give ``path``)."""
     path: str | os.PathLike[str] | None = None
-    """A file inside ``DATA_DIR`` (relative paths are read from there)."""
+    """A file inside ``ATTACHMENTS_DIR`` (default ``DATA_DIR/outbox``; relative paths
+    are read from there)."""
     kind: AttachmentKind | None = None
     """``image`` or ``document``; ``None``: decided from the type."""
     file_name: str | None = None
@@ -125,18 +129,26 @@ def attachment_note(part: OutgoingPart) -> str:
 class ToolFiles:
     """Stores the files tools return and turns their output into text plus references."""
 
-    def __init__(self, media_dir: str | os.PathLike[str] | None, *, max_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        media_dir: str | os.PathLike[str] | None,
+        *,
+        max_bytes: int = 0,
+        files_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         """``media_dir`` is ``DATA_DIR/media`` (``None``: ``data/media``); paths must be
-        inside its parent, ``DATA_DIR``. ``max_bytes`` 0 is ``DEFAULT_MAX_MEDIA_BYTES``."""
+        inside ``files_dir`` (``ATTACHMENTS_DIR``; ``None``: ``DATA_DIR/outbox``).
+        ``max_bytes`` 0 is ``DEFAULT_MAX_MEDIA_BYTES``."""
         root = Path(media_dir if media_dir is not None else _DEFAULT_MEDIA_DIR)
         self.store = MediaStore(root, max_bytes=max_bytes or DEFAULT_MAX_MEDIA_BYTES)
         self.data_dir = root.parent
+        self.files_dir = Path(files_dir) if files_dir is not None else self.data_dir / "outbox"
 
     async def keep(self, output: str | ToolOutput) -> tuple[str, list[OutgoingPart]]:
         """The text the model reads and the stored files of one tool result.
 
-        A file that cannot be used (outside ``DATA_DIR``, missing, too big,
-        empty) is left out and the model is told so in the text.
+        A file that cannot be used (outside the attachments folder, missing, too
+        big, empty) is left out and the model is told so in the text.
         """
         if isinstance(output, str):
             return output, []
@@ -157,7 +169,7 @@ class ToolFiles:
         data = attachment.data
         name = attachment.file_name
         if attachment.path is not None:
-            path = await asyncio.to_thread(self._inside_data_dir, Path(attachment.path))
+            path = await asyncio.to_thread(self._inside_files_dir, Path(attachment.path))
             data = await asyncio.to_thread(_read, path, self.store.max_bytes)
             name = name or path.name
         assert data is not None
@@ -180,11 +192,14 @@ class ToolFiles:
             return ImagePart(sha256=sha256, mime_type=mime, size=len(data), file_name=name)
         return DocumentPart(sha256=sha256, mime_type=mime, size=len(data), file_name=name)
 
-    def _inside_data_dir(self, path: Path) -> Path:
-        base = self.data_dir.resolve()
+    def _inside_files_dir(self, path: Path) -> Path:
+        base = self.files_dir.resolve()
+        if self.data_dir.resolve().is_relative_to(base):
+            # A folder holding DATA_DIR would hand out the database and the secret.
+            raise ValueError("ATTACHMENTS_DIR holds DATA_DIR, so no path is allowed")
         resolved = (path if path.is_absolute() else base / path).resolve()
         if not resolved.is_relative_to(base):
-            raise ValueError("the path is outside DATA_DIR")
+            raise ValueError(_OUTSIDE)
         return resolved
 
 

@@ -9,8 +9,11 @@ reads what the first run already got. A WhatsApp media id outlives its
 download URL, so a re-run fetches a fresh URL.
 
 Whatever goes wrong with one attachment (too big, a type we do not read, bytes
-that are not what the MIME type says, a failed download, an unreadable PDF)
-becomes one plain sentence for the user; the turn still runs on the text.
+that are not what the MIME type says, a failed download, an unreadable PDF, a
+PDF that takes too long to read, a bug or a library's surprise) becomes one
+plain sentence for the user; the turn still runs on the text. PDFs are read in
+child processes that are killed at ``DOCUMENT_TIMEOUT_SECONDS`` (see
+``bot.core.documents``), so a hostile file costs its own turn and nothing else.
 Logs name attachments by kind and size only: never bytes, transcripts or file names.
 """
 
@@ -21,7 +24,12 @@ import logging
 from dataclasses import dataclass, field
 
 from bot.config import Settings
-from bot.core.documents import MAX_DOCUMENT_CHARS, extract_text, is_readable_document
+from bot.core.documents import (
+    DOCUMENT_TIMEOUT,
+    MAX_DOCUMENT_CHARS,
+    DocumentReader,
+    is_readable_document,
+)
 from bot.core.media_store import MediaStore
 from bot.core.messages import (
     AudioPart,
@@ -90,8 +98,10 @@ class MediaFetcher:
         transcription_model: str = "",
         max_document_chars: int = MAX_DOCUMENT_CHARS,
         timeout: float = MEDIA_STEP_TIMEOUT,
+        document_timeout: float = DOCUMENT_TIMEOUT,
     ) -> None:
         self.timeout = timeout
+        self.documents = DocumentReader(timeout=document_timeout)
         self.store = store
         self.transcriber = transcriber
         self.transcription_model = transcription_model
@@ -103,7 +113,11 @@ class MediaFetcher:
         return self.store.max_bytes
 
     async def prepare(self, event: MessageEvent, adapter: PlatformAdapter | None) -> PreparedMedia:
-        """Parts and notices for ``event``'s attachments; never raises a ``ChatflowError``."""
+        """Parts and notices for ``event``'s attachments.
+
+        Never raises for an attachment: any failure of one becomes a notice and
+        the others are still prepared (only cancellation goes through).
+        """
         parts: list[MessagePart] = []
         notices: list[str] = []
         for media in event.media:
@@ -129,6 +143,19 @@ class MediaFetcher:
                     type(exc).__name__,
                 )
                 notices.append(f"I couldn't keep your {_NOUN.get(media.kind, 'file')}, sorry.")
+                continue
+            except Exception as exc:
+                # A bug or a library's surprise (a lookup answer missing a field): a
+                # sentence for this file, and a row that would fail the same at every
+                # start is answered now instead. The type only: messages can quote content.
+                logger.error(
+                    "%s attachment of %s failed unexpectedly: %s",
+                    media.kind,
+                    log_ref(event.message_id),
+                    type(exc).__name__,
+                )
+                logger.debug("the unexpected failure", exc_info=True)
+                notices.append(f"I couldn't read your {_NOUN.get(media.kind, 'file')}, sorry.")
                 continue
             if part is not None:
                 parts.append(part)
@@ -264,7 +291,7 @@ class MediaFetcher:
             notices.append("I can only read PDFs and text files, so I couldn't read that file.")
         else:
             try:
-                extracted = await extract_text(
+                extracted = await self.documents.read(
                     data, mime, media.file_name, max_chars=self.max_document_chars
                 )
             except MediaError as exc:
@@ -287,8 +314,9 @@ def _mb(size: int) -> str:
 
 def build_media_fetcher(settings: Settings) -> MediaFetcher:
     """The media step as the settings describe it: ``DATA_DIR/media``, ``MAX_MEDIA_BYTES``,
-    and transcription at ``OPENAI_BASE_URL`` with ``TRANSCRIPTION_MODEL`` when
-    ``OPENAI_API_KEY`` is set (without a key voice notes get no transcript)."""
+    ``DOCUMENT_TIMEOUT_SECONDS``, and transcription at ``OPENAI_BASE_URL`` with
+    ``TRANSCRIPTION_MODEL`` when ``OPENAI_API_KEY`` is set (without a key voice notes
+    get no transcript)."""
     store = MediaStore(settings.data_dir / "media", max_bytes=settings.max_media_bytes)
     transcriber: Transcriber | None = None
     if settings.openai_api_key is not None:
@@ -299,5 +327,8 @@ def build_media_fetcher(settings: Settings) -> MediaFetcher:
             timeout=settings.model_timeout_seconds,
         )
     return MediaFetcher(
-        store, transcriber=transcriber, transcription_model=settings.transcription_model
+        store,
+        transcriber=transcriber,
+        transcription_model=settings.transcription_model,
+        document_timeout=settings.document_timeout_seconds,
     )

@@ -59,7 +59,7 @@ from bot.platforms.telegram_errors import (
     translate_error,
 )
 from bot.platforms.telegram_mapping import GENERAL_TOPIC_ID, PLATFORM, map_update, migration_notice
-from bot.platforms.telegram_media import fetch_file
+from bot.platforms.telegram_media import FileDownloads
 from bot.platforms.telegram_polling import Backoff, TelegramPoller
 from bot.platforms.telegram_request import AppType, build_application
 from bot.platforms.telegram_send_media import TelegramFiles
@@ -174,6 +174,7 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
         self._lifecycle = asyncio.Lock()
         self._connected = False
         self._migrated: dict[str, int] = {}
+        self._downloads = FileDownloads(self._timeouts)
 
     # ------------------------------------------------------------------ properties
 
@@ -297,6 +298,7 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
             self._app = None
             self._on_event = None
             await self._shutdown_app(app)
+            await self._downloads.aclose()
             logger.info("Telegram adapter stopped")
 
     async def _shutdown_app(self, app: AppType) -> None:
@@ -469,7 +471,7 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
     async def fetch_media(self, media: MediaAttachment, *, max_bytes: int) -> bytes:
         """Download a user's file (``getFile`` and the file endpoint; see ``telegram_media``)."""
         app = self._require_app()
-        return await fetch_file(app.bot, media, max_bytes=max_bytes, token=self._token)
+        return await self._downloads.fetch(app.bot, media, max_bytes=max_bytes, token=self._token)
 
     async def indicate_typing(self, event: MessageEvent) -> None:
         """Send the typing action to the event's chat (and topic); errors are ignored."""

@@ -32,7 +32,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import httpx
@@ -55,7 +55,7 @@ from bot.gateway.contract import (
 from bot.logs import log_ref
 from bot.platforms.text import split_text
 from bot.platforms.whatsapp_errors import RETRYABLE_CODES, api_error, transport_error
-from bot.platforms.whatsapp_media import fetch_media
+from bot.platforms.whatsapp_media import MediaHosts, fetch_media
 from bot.platforms.whatsapp_payload import (
     PLATFORM,
     WEBHOOK_OBJECT,
@@ -144,9 +144,12 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
         send_pause: float = 1.0,
         timeout: float = 30.0,
         max_body_bytes: int = MAX_BODY_BYTES,
+        media_hosts: Iterable[str] = (),
     ) -> None:
         self.phone_id = str(phone_id)
         self.api_base_url = api_base_url.rstrip("/")
+        # Checked here, so a wrong WHATSAPP_MEDIA_HOSTS stops start-up, not a download.
+        self.media_hosts = MediaHosts.build(self.api_base_url, media_hosts)
         self.api_version = api_version
         self.insecure_dev = insecure_dev
         self.send_pause = send_pause
@@ -438,11 +441,13 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
 
     async def fetch_media(self, media: MediaAttachment, *, max_bytes: int) -> bytes:
         """Download a user's file by its media id (see ``whatsapp_media``)."""
-        if self._wa is None:
+        if self._wa is None or self._http is None:
             raise PlatformError(
                 "WhatsApp adapter is not started", platform=PLATFORM, retryable=True
             )
-        return await fetch_media(self._wa, media, max_bytes=max_bytes)
+        return await fetch_media(
+            self._wa, media, max_bytes=max_bytes, http=self._http, hosts=self.media_hosts
+        )
 
     # -- typing ----------------------------------------------------------------------------
 

@@ -4,13 +4,25 @@ No Pillow or ffmpeg on the test machine, so each is written by hand in its
 real container format: the JPEG is a complete baseline 1x1 image, the OGG
 carries valid pages (with their CRCs) holding an Opus header and tags, and the
 PDF has a text content stream that pypdf reads back.
+
+Hostile PDFs (review 2026-12-01b, F1 and F2) are made here too, never checked in:
+``hostile_pdf`` is a few dozen KB that keeps pypdf busy for minutes, and
+``unknown_filter_pdf`` names a stream filter pypdf raises an unexpected error for.
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 
-__all__ = ["encrypted_pdf", "jpeg_bytes", "ogg_opus_bytes", "pdf_bytes"]
+__all__ = [
+    "encrypted_pdf",
+    "hostile_pdf",
+    "jpeg_bytes",
+    "ogg_opus_bytes",
+    "pdf_bytes",
+    "unknown_filter_pdf",
+]
 
 _JPEG_HEX = (
     "FFD8FFE000104A46494600010100000100010000FFDB004300080606070605080707070909080A0C14"
@@ -127,6 +139,45 @@ def pdf_bytes(*lines: str) -> bytes:
             b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
         ]
     )
+
+
+def _shared_stream_pdf(content: bytes, pages: int, filter_name: bytes) -> bytes:
+    """``pages`` pages that all draw the one stream ``content`` (compressed, or left as
+    is under an arbitrary ``filter_name``)."""
+    if filter_name == b"/FlateDecode":
+        content = zlib.compress(content, 9)
+    kids = b" ".join(b"%d 0 R" % (5 + page) for page in range(pages))
+    page = (
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+        b"/Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>"
+    )
+    return _pdf(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages),
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+            b"<< /Length %d /Filter %s >>\nstream\n" % (len(content), filter_name)
+            + content
+            + b"\nendstream",
+            *([page] * pages),
+        ]
+    )
+
+
+def hostile_pdf(page_content: int = 1024 * 1024, pages: int = 100) -> bytes:
+    """A small PDF that costs pypdf about a second of CPU per page (per MB of
+    ``page_content``) and yields no text: every page draws one shared, compressed
+    content stream of empty text runs. The defaults (35 KB) take minutes to read."""
+    run = b"BT /F1 12 Tf () Tj ET\n"
+    return _shared_stream_pdf(run * (page_content // len(run)), pages, b"/FlateDecode")
+
+
+def unknown_filter_pdf(filter_name: str = "/Foo") -> bytes:
+    """A one-page PDF whose content stream names a filter pypdf does not know:
+    ``/Foo`` makes it raise ``NotImplementedError``, ``/Fl`` a ``DeprecationError``
+    (neither is a ``PyPdfError``)."""
+    text = b"BT /F1 12 Tf 72 700 Td (Hello) Tj ET\n"
+    return _shared_stream_pdf(text, 1, filter_name.encode())
 
 
 def encrypted_pdf() -> bytes:

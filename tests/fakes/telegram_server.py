@@ -30,6 +30,8 @@ Files out: ``sendPhoto`` and ``sendDocument`` take multipart uploads (PTB's
 Files: ``add_file(file_id, data)`` makes ``getFile`` know it (400 "invalid
 file_id" otherwise, 400 "file is too big" past 20 MB, as the Bot API does) and
 ``GET /file/bot<token>/<file_path>`` serve its bytes; ``downloads`` records them.
+``file_size_known = False`` drops the optional ``file_size`` from ``getFile``, and
+``download_stall_after`` holds a download after that many bytes (a huge file).
 """
 
 from __future__ import annotations
@@ -39,14 +41,14 @@ import json
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.fakes.serving import LocalServer
@@ -361,6 +363,13 @@ class FakeTelegramServer:
 
         self.files: dict[str, bytes] = {}
         """Bytes of the files ``getFile`` knows, by ``file_id`` (see ``add_file``)."""
+        self.file_size_known = True
+        """False: ``getFile`` leaves ``file_size`` out (it is optional in the Bot API)."""
+        self.download_stall_after: int | None = None
+        """Bytes of a file download sent before the rest waits for ``release_hangs()``
+        (a huge file, or a slow one); ``None``: the whole file at once."""
+        self.download_bytes_sent = 0
+        """File bytes handed to the server to send, all downloads together."""
         self.downloads: list[str] = []
         self.files_sent: list[SentFile] = []
         """Every ``sendPhoto``/``sendDocument`` accepted, in order, with its bytes."""
@@ -470,7 +479,21 @@ class FakeTelegramServer:
         async with self._cond:
             self.downloads.append(path)
             self._cond.notify_all()
-        return Response(data, media_type="application/octet-stream")
+        if self.download_stall_after is None:
+            self.download_bytes_sent += len(data)
+            return Response(data, media_type="application/octet-stream")
+        return StreamingResponse(
+            self._stalling(data, self.download_stall_after),
+            media_type="application/octet-stream",
+        )
+
+    async def _stalling(self, data: bytes, stall_after: int) -> AsyncIterator[bytes]:
+        chunk = 64 * 1024
+        for start in range(0, len(data), chunk):
+            if start >= stall_after:
+                await self._hang_release.wait()
+            self.download_bytes_sent += len(data[start : start + chunk])
+            yield data[start : start + chunk]
 
     def inject(self, method: str, *faults: Fault) -> None:
         """Answer the next calls of ``method`` with these faults, in order."""
@@ -603,12 +626,15 @@ class FakeTelegramServer:
             raise _ApiError(400, "Bad Request: invalid file_id")
         if len(data) > 20 * 1024 * 1024:
             raise _ApiError(400, "Bad Request: file is too big")
-        return {
+        answer: dict[str, Any] = {
             "file_id": file_id,
             "file_unique_id": f"u-{file_id}",
             "file_size": len(data),
             "file_path": f"files/{file_id}.bin",
         }
+        if not self.file_size_known:
+            del answer["file_size"]
+        return answer
 
     async def _ok_true(self, params: dict[str, Any]) -> bool:
         return True

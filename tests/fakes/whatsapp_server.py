@@ -13,7 +13,9 @@ answer Meta's ``{"url", "mime_type", "sha256", "file_size", "id"}`` (an unknown 
 gets Meta's 400 with code 100), and the URL, which changes on every lookup like
 Meta's short-lived ones, serve the bytes to the bearer token only. An URL that
 ``expire_media_urls`` expired answers 404. ``media_lookups`` and
-``media_downloads`` record both steps.
+``media_downloads`` record both steps. ``media_lookup_url``,
+``media_lookup_omits`` and ``media_redirects`` make the lookup point elsewhere,
+drop fields, or the download redirect.
 
 Media out: ``POST /v<version>/<phone_id>/media`` (multipart, as pywa's
 ``upload_media`` sends it) stores the file and answers ``{"id": ...}``; each
@@ -39,7 +41,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from tests.fakes.serving import LocalServer
@@ -157,6 +159,13 @@ class FakeWhatsAppServer:
         self.media_downloads: list[str] = []
         """Media ids whose bytes were downloaded, in order."""
         self._media_urls: dict[str, str] = {}
+        self.media_lookup_url: dict[str, str] = {}
+        """``media id -> URL`` the lookup names instead of this server's own download URL
+        (a proxy in the middle, or a changed answer from Meta)."""
+        self.media_lookup_omits: set[str] = set()
+        """Fields left out of every lookup answer (``sha256``...)."""
+        self.media_redirects: dict[str, str] = {}
+        """``media id -> URL`` the download answers with a 302 to, instead of the bytes."""
         self.uploads: list[Upload] = []
         """Files uploaded to ``/<phone_id>/media``, in order."""
         self.media_sent: list[tuple[RecordedRequest, Upload]] = []
@@ -285,16 +294,19 @@ class FakeWhatsAppServer:
         data, mime_type = found
         url_token = f"{next(self._media_serial)}-{secrets.token_hex(4)}"
         self._media_urls[url_token] = media_id
-        return JSONResponse(
-            {
-                "messaging_product": "whatsapp",
-                "url": f"{self.base_url}/media-download/{url_token}",
-                "mime_type": mime_type,
-                "sha256": base64.b64encode(hashlib.sha256(data).digest()).decode(),
-                "file_size": len(data),
-                "id": media_id,
-            }
-        )
+        answer = {
+            "messaging_product": "whatsapp",
+            "url": self.media_lookup_url.get(
+                media_id, f"{self.base_url}/media-download/{url_token}"
+            ),
+            "mime_type": mime_type,
+            "sha256": base64.b64encode(hashlib.sha256(data).digest()).decode(),
+            "file_size": len(data),
+            "id": media_id,
+        }
+        for name in self.media_lookup_omits:
+            answer.pop(name, None)
+        return JSONResponse(answer)
 
     async def _media_bytes(self, request: Request) -> Response:
         if not self._authorised(request):
@@ -303,6 +315,8 @@ class FakeWhatsAppServer:
         if media_id is None or media_id not in self.media:
             return Response(status_code=404)
         data, mime_type = self.media[media_id]
+        if media_id in self.media_redirects:
+            return RedirectResponse(self.media_redirects[media_id], status_code=302)
         async with self._changed:
             self.media_downloads.append(media_id)
             self._changed.notify_all()

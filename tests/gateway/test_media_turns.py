@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import math
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,8 +20,15 @@ from bot.core.models.scripted import RecordedCall, ScriptedModel
 from bot.gateway.contract import MediaAttachment
 from bot.gateway.events import event_from_dict, event_to_dict
 from bot.gateway.media_fetch import MediaFetcher
-from tests.fakes.adapter import FakeAdapter, make_event
-from tests.fakes.media_files import jpeg_bytes, ogg_opus_bytes, pdf_bytes
+from tests.fakes.adapter import FakeAdapter, Sent, make_event
+from tests.fakes.child_processes import Children
+from tests.fakes.media_files import (
+    hostile_pdf,
+    jpeg_bytes,
+    ogg_opus_bytes,
+    pdf_bytes,
+    unknown_filter_pdf,
+)
 from tests.gateway.conftest import Rig
 
 
@@ -238,3 +249,143 @@ async def test_a_stuck_download_gives_up_with_a_line_and_the_turn_runs(tmp_path:
     prepared = await fetcher.prepare(event, StuckAdapter())
     assert prepared.parts == ()
     assert prepared.notices == ("Your photo took too long to fetch; please send it again.",)
+
+
+# -- hostile and broken files (review 2026-12-01b, F1 and F2) -------------------------------
+
+
+class SignallingAdapter(FakeAdapter):
+    """A ``FakeAdapter`` that says when files were fetched, and may fail a fetch oddly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.surprise: dict[str, Exception] = {}
+        self._fetches = asyncio.Condition()
+
+    async def fetch_media(self, media: MediaAttachment, *, max_bytes: int) -> bytes:
+        try:
+            if media.file_id in self.surprise:
+                raise self.surprise[media.file_id]
+            return await super().fetch_media(media, max_bytes=max_bytes)
+        finally:
+            async with self._fetches:
+                self._fetches.notify_all()
+
+    async def wait_for_fetched(self, ids: set[str], timeout: float = 10.0) -> None:
+        async with self._fetches:
+            await asyncio.wait_for(
+                self._fetches.wait_for(lambda: ids <= set(self.fetched)), timeout
+            )
+
+
+def _document(file_id: str) -> MediaAttachment:
+    return MediaAttachment(
+        "document", file_id=file_id, mime_type="application/pdf", file_name="report.pdf"
+    )
+
+
+async def _answered(rig: Rig, chat_id: str, timeout: float = 10.0) -> Sent:
+    await rig.adapter.wait_for(lambda: any(s.chat_id == chat_id for s in rig.adapter.sent), timeout)
+    return next(s for s in rig.adapter.sent if s.chat_id == chat_id)
+
+
+@pytest.mark.parametrize("filter_name", ["/Foo", "/Fl"], ids=["unknown-filter", "removed-filter"])
+async def test_a_pdf_pypdf_chokes_on_is_a_line_and_the_turn_runs_once(
+    rigs: Callable[..., object], filter_name: str
+) -> None:
+    rig: Rig = await rigs()  # type: ignore[misc]
+    rig.adapter.files["doc"] = unknown_filter_pdf(filter_name)
+    rig.model.add(ScriptedModel.reply("What would you like to know?"))
+    assert await rig.adapter.deliver(make_event("what does it say?", media=[_document("doc")]))
+    (sent,) = await rig.adapter.wait_for_sent(1)
+    assert sent.text.startswith("That PDF seems to be damaged, so I could not read it.")
+    assert sent.text.endswith("What would you like to know?")
+    assert len(rig.model.requests) == 1
+    assert (await rig.gateway.ledger.status()).get("delivered") == 1
+
+
+async def test_an_unexpected_error_fetching_a_file_is_a_line_not_silence(
+    rigs: Callable[..., object], caplog: pytest.LogCaptureFixture
+) -> None:
+    # pywa raised KeyError('sha256') on a lookup answer without that field.
+    adapter = SignallingAdapter()
+    adapter.surprise["photo"] = KeyError("sha256")
+    rig: Rig = await rigs(adapter=adapter)  # type: ignore[misc]
+    rig.adapter.files["doc"] = pdf_bytes("Invoice 4471")
+    rig.model.add(ScriptedModel.reply("The invoice is 4471."))
+    photo = MediaAttachment("image", file_id="photo", mime_type="image/jpeg")
+    assert await rig.adapter.deliver(make_event("and these?", media=[photo, _document("doc")]))
+    (sent,) = await rig.adapter.wait_for_sent(1)
+    assert sent.text.startswith("I couldn't read your photo, sorry.")
+    assert sent.text.endswith("The invoice is 4471.")
+    (part,) = _user_parts(rig.model.requests[0])  # the other file still made it
+    assert isinstance(part, DocumentPart) and part.text == "Invoice 4471"
+    assert "sha256" not in caplog.text  # the type is logged, never the message
+
+
+async def test_hostile_pdfs_cost_their_own_turns_while_other_chats_are_answered(
+    rigs: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    children = Children.record(monkeypatch)
+    adapter = SignallingAdapter()
+    rig: Rig = await rigs(adapter=adapter, document_timeout_seconds=1.5)  # type: ignore[misc]
+    adapter.files["photo"] = jpeg_bytes()
+    adapter.files["hostile"] = hostile_pdf()  # minutes of pypdf without the timeout
+
+    async def latency(chat_id: str) -> float:
+        # A photo, so the turn needs the thread pool too (the media store), as many do.
+        rig.model.add(ScriptedModel.reply("Got it."))
+        started = time.monotonic()
+        event = make_event("is this broken?", chat_id=chat_id, media=[_photo()])
+        assert await adapter.deliver(event)
+        try:
+            await _answered(rig, chat_id, timeout=10.0)
+        except TimeoutError:
+            return math.inf
+        return time.monotonic() - started
+
+    before = [await latency(f"calm-{n}") for n in range(3)]
+    # As many hostile files as the default executor has threads (six on two cores).
+    hostile = [f"hostile-{n}" for n in range(min(32, (os.cpu_count() or 1) + 4))]
+    for chat_id in hostile:
+        rig.model.add(ScriptedModel.reply("Got it."))
+        event = make_event("", chat_id=chat_id, media=[_document("hostile")])
+        assert await adapter.deliver(event)
+    await adapter.wait_for_fetched({"hostile"})
+    during = [await latency(f"busy-{n}") for n in range(3)]
+    print(f"latency before {before}, while hostile PDFs are read {during}")
+    assert max(during) < max(1.0, 3 * max(before)), (before, during)
+    assert children.running(), "the probes ran while the PDFs were being read"
+    # Each hostile file costs its own turn: a line, and the turn goes on without it.
+    for chat_id in hostile:
+        sent = await _answered(rig, chat_id, timeout=20.0)
+        assert sent.text.startswith(
+            "I could not read that PDF: it took too long to open, so I left it out."
+        )
+    assert children.running() == []
+
+
+async def test_a_stop_while_pdfs_are_read_ends_within_the_grace_and_leaves_nothing(
+    rigs: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    children = Children.record(monkeypatch)
+    adapter = SignallingAdapter()
+    rig: Rig = await rigs(adapter=adapter, document_timeout_seconds=60)  # type: ignore[misc]
+    adapter.files["hostile"] = hostile_pdf()
+    for n in range(min(32, (os.cpu_count() or 1) + 4)):
+        event = make_event("", chat_id=f"hostile-{n}", media=[_document("hostile")])
+        assert await adapter.deliver(event)
+    await adapter.wait_for_fetched({"hostile"})
+    with contextlib.suppress(TimeoutError):
+        await children.wait_for(2, timeout=3.0)
+    started = time.monotonic()
+    await rig.gateway.stop(grace=1.0)
+    assert time.monotonic() - started < 2.5
+    # Nothing left behind in the thread pool: asyncio.run() (the process's exit) and
+    # every to_thread and DNS lookup of a next start would wait for it.
+    assert await asyncio.wait_for(asyncio.to_thread(lambda: 1), 2.0) == 1
+    assert len(children.processes) == 2 and children.running() == []
+
+
+def _photo() -> MediaAttachment:
+    return MediaAttachment("image", file_id="photo", mime_type="image/jpeg")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from pathlib import Path
@@ -168,3 +169,32 @@ def test_a_contact_card_and_a_venue() -> None:
     venue["message"]["location"] = location
     (place,) = mapped(venue).media
     assert (place.kind, place.title, place.latitude) == ("location", "Tienda Sol", 40.4168)
+
+
+async def test_the_size_limit_holds_while_a_file_of_unknown_size_streams_in(
+    telegram_on_fake: tuple[TelegramAdapter, FakeTelegramServer],
+) -> None:
+    # Review 2026-12-01b, F9: without file_size the whole file was read, then refused.
+    telegram, server = telegram_on_fake
+    server.add_file("big", jpeg_bytes(padding=3 * 1024 * 1024))
+    server.file_size_known = False
+    server.download_stall_after = 2 * 1024 * 1024  # the rest of it never comes
+    with pytest.raises(MediaError, match="too big"):
+        await asyncio.wait_for(
+            telegram.fetch_media(MediaAttachment("image", file_id="big"), max_bytes=1024 * 1024),
+            5.0,
+        )
+    assert server.downloads == ["files/big.bin"]
+    assert server.download_bytes_sent <= 2 * 1024 * 1024
+
+
+async def test_a_file_of_unknown_size_under_the_limit_streams_whole(
+    telegram_on_fake: tuple[TelegramAdapter, FakeTelegramServer],
+) -> None:
+    telegram, server = telegram_on_fake
+    photo = jpeg_bytes(padding=300_000)
+    server.add_file("photo", photo)
+    server.file_size_known = False
+    server.download_stall_after = 10 * 1024 * 1024  # streamed in chunks, never held
+    media = MediaAttachment("image", file_id="photo")
+    assert await telegram.fetch_media(media, max_bytes=1024 * 1024) == photo

@@ -128,6 +128,9 @@ class ModelSettings:
     """Where the media store keeps images (``DATA_DIR/media``); ``None`` is ``data/media``."""
     max_media_bytes: int = field(default=0, compare=False)
     """``MAX_MEDIA_BYTES``: the largest file a tool may attach; 0 is the store's default."""
+    attachments_dir: str | None = field(default=None, compare=False)
+    """``ATTACHMENTS_DIR``, the only folder ``Attachment(path=...)`` reads; ``None`` is
+    ``DATA_DIR/outbox`` (next to ``media_dir``)."""
 
     def __repr__(self) -> str:  # keys never reach a log line
         return (
@@ -162,6 +165,7 @@ class ModelSettings:
             model_timeout_seconds=float(timeout) if timeout else _DEFAULT_TIMEOUT,
             media_dir=_media_dir(getattr(settings, "data_dir", None)),
             max_media_bytes=int(getattr(settings, "max_media_bytes", 0) or 0),
+            attachments_dir=_optional_path(getattr(settings, "attachments_dir", None)),
         )
 
     @classmethod
@@ -200,6 +204,7 @@ class ModelSettings:
             model_timeout_seconds=timeout,
             media_dir=_media_dir(get("DATA_DIR")),
             max_media_bytes=_positive_int(get("MAX_MEDIA_BYTES"), "MAX_MEDIA_BYTES"),
+            attachments_dir=get("ATTACHMENTS_DIR"),
         )
 
 
@@ -218,6 +223,10 @@ def _positive_int(raw: str | None, name: str) -> int:
 
 def _media_dir(data_dir: object) -> str | None:
     return None if data_dir is None else str(Path(str(data_dir)) / "media")
+
+
+def _optional_path(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def default_model_name(settings: ModelSettings) -> str:
