@@ -127,7 +127,11 @@ class Runner:
         self._router = ModelRouter(self._settings)
         self._models: dict[str, tuple[ChatModel, str]] = {}
         settings = self._settings
-        self._tool_files = ToolFiles(settings.media_dir, max_bytes=settings.max_media_bytes)
+        self._tool_files = ToolFiles(
+            settings.media_dir,
+            max_bytes=settings.max_media_bytes,
+            files_dir=settings.attachments_dir,
+        )
         self.validate()
 
     @staticmethod

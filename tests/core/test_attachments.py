@@ -214,3 +214,25 @@ async def test_a_tool_forwarding_the_models_path_sends_only_from_the_outbox(
     assert part.file_name == "q3.pdf"
     refused = [m for m in model.requests[1].messages if m.role is Role.TOOL][-1]
     assert refused.content is not None and "outside the attachments folder" in refused.content
+
+
+async def test_attachments_dir_set_in_the_environment_is_the_folder_the_runner_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("ATTACHMENTS_DIR", str(tmp_path / "reports"))
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "q3.pdf").write_bytes(pdf_bytes("Q3"))
+    (tmp_path / "data" / "outbox").mkdir(parents=True)
+    (tmp_path / "data" / "outbox" / "old.pdf").write_bytes(pdf_bytes("old"))
+    model = ScriptedModel(
+        [
+            ScriptedModel.call("send_file", path="q3.pdf"),
+            ScriptedModel.call("send_file", path=str(tmp_path / "data" / "outbox" / "old.pdf")),
+            ScriptedModel.reply("Done."),
+        ]
+    )
+    agent = Agent(name="Files", instructions="Send files.", tools=[send_file])
+    async with Runner(agent, model=model) as runner:
+        result = await runner.run_async("s-1", "the Q3 report, and the old one")
+    assert [part.file_name for part in result.attachments] == ["q3.pdf"]
