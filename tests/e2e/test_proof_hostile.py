@@ -427,7 +427,11 @@ async def test_proof_hostile_input_gets_documented_answers(tmp_path: Path) -> No
             "hook",
             TELEGRAM_WEBHOOK_URL="https://bot.example.invalid/webhooks/telegram",
             TELEGRAM_WEBHOOK_SECRET=TG_SECRET,
+            # WhatsApp off: all four unset (one left set would be "half set up").
             WHATSAPP_PHONE_ID="",
+            WHATSAPP_TOKEN="",
+            WHATSAPP_VERIFY_TOKEN="",
+            WHATSAPP_APP_SECRET="",
         )
         await hook_bot.start()
         hook_url = f"{hook_bot.url}/webhooks/telegram"
