@@ -8,6 +8,7 @@ from bot.core.agent import Agent
 from bot.core.attachments import Attachment, ToolOutput
 from bot.core.human_handoff import transfer_to_human
 from bot.core.mcp_servers import MCPServer, MCPServerStdio, MCPServerStreamableHttp
+from bot.core.mcp_tools import ToolFilterStatic, create_static_tool_filter
 from bot.core.memory import (
     DEFAULT_DEDUP_TTL_HOURS,
     BaseSessionStore,
@@ -85,8 +86,10 @@ __all__ = [
     "TextPart",
     "ToolCall",
     "ToolContext",
+    "ToolFilterStatic",
     "ToolOutput",
     "TurnError",
+    "create_static_tool_filter",
     "tool",
     "transfer_to_human",
 ]

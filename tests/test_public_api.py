@@ -46,6 +46,9 @@ LIBRARY_NAMES = {
     "MCPServerStdio",
     "MCPServerStreamableHttp",
     "MCPServerError",
+    # openai-agents' static MCP tool filter (``tool_filter=``), same shape.
+    "ToolFilterStatic",
+    "create_static_tool_filter",
     # DESIGN.md §3.8 "Media": message parts, and the error for an unusable attachment.
     "TextPart",
     "ImagePart",

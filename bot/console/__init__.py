@@ -49,6 +49,7 @@ async def console_routes(
     await queries.open_schema(gateway.store)
 
     web = gateway.adapters.get(WEB_PLATFORM)
+    media = gateway.turns.media
 
     def session_of(event: MessageEvent) -> str:
         return session_id_for(gateway.session_key_for(event))
@@ -66,6 +67,7 @@ async def console_routes(
         metrics=gateway.metrics,
         web=web if isinstance(web, WebChannel) else None,
         session_of=session_of,
+        read_media=None if media is None else media.store.read,
     )
     sessions = ConsoleSessions(gateway.store)
     await sessions.open()

@@ -42,7 +42,8 @@ class ConsoleApi:
     async def conversations(
         self, request: Request, who: Principal, form: Mapping[str, str]
     ) -> Response:
-        """A page of conversations: ``platform``, ``q`` and ``before`` as on the page."""
+        """A page of conversations: ``platform``, ``q`` and ``before`` as on the page;
+        each with its ``title`` and ``state`` (``bot``, ``human``, ``waiting``)."""
         params = request.query_params
         platform = params.get("platform", "").strip()
         rows, cursor = await queries.list_conversations(
@@ -51,7 +52,8 @@ class ConsoleApi:
             search=params.get("q", "").strip()[:200] or None,
             before=params.get("before", "").strip() or None,
         )
-        return JSONResponse({"conversations": [asdict(r) for r in rows], "next": cursor})
+        listed = [{**asdict(r), "title": r.title, "state": r.state} for r in rows]
+        return JSONResponse({"conversations": listed, "next": cursor})
 
     async def ledger(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
         """Undelivered replies by state, the newest of them, and this process's metrics."""

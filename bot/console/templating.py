@@ -38,14 +38,18 @@ _VISIBLE_ESCAPED: Final = {code: str(escape(text)) for code, text in _VISIBLE.it
 STATIC_TYPES: Final = {
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
+    "icon.svg": "image/svg+xml",
 }
 """The static files served (by name only: there is no listing)."""
 _TEMPLATES: Final = (
     "base.html",
     "login.html",
+    "conv_list.html",
     "conversations.html",
+    "head.html",
     "transcript.html",
     "messages.html",
+    "live.html",
     "ledger.html",
     "web.html",
 )

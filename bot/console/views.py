@@ -27,6 +27,7 @@ from bot.console.sse import transcript_stream
 from bot.console.templating import STATIC_TYPES, ConsoleAssets
 from bot.console.webchat import WEB_PLATFORM, WebChannel
 from bot.core.memory import TransactionalStore
+from bot.core.parts import describe_size
 from bot.errors import ChatflowError
 from bot.gateway.contract import MessageEvent
 from bot.gateway.ledger import DeliveryLedger
@@ -41,6 +42,9 @@ MAX_REPLY_CHARS: Final = 16_000
 """Longest reply an operator may send."""
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 _OBLIGATION_ID_RE: Final = re.compile(r"[0-9a-f]{1,64}")
+_SHA256_RE: Final = re.compile(r"[0-9a-f]{64}")
+_INLINE_IMAGES: Final = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+"""Shown in the page; any other file is only downloaded (an SVG could carry script)."""
 _ERRORS: Final = {
     "noroute": "No message of this conversation says where to reply (it may have been pruned).",
     "empty": "A reply needs some text.",
@@ -72,6 +76,8 @@ class ConsoleServices:
     """The web channel, to try the agents from the browser (``None``: not offered)."""
     session_of: Callable[[MessageEvent], str] | None = None
     """The session id a message is routed to (``Gateway.session_key_for`` hashed)."""
+    read_media: Callable[[str], Awaitable[bytes | None]] | None = None
+    """The bytes of an attachment by SHA-256 (``MediaStore.read``); ``None``: not shown."""
 
 
 class ConsoleViews:
@@ -99,6 +105,8 @@ class ConsoleViews:
             Route(f"{p}/ledger/{{oid}}/abandon", wrap(self.abandon), methods=["POST"]),
             Route(f"{p}/c/{{sid}}", wrap(self.transcript, page=True), methods=["GET"]),
             Route(f"{p}/c/{{sid}}/messages", wrap(self.messages), methods=["GET"]),
+            Route(f"{p}/c/{{sid}}/live", wrap(self.live), methods=["GET"]),
+            Route(f"{p}/c/{{sid}}/media/{{sha}}", wrap(self.media), methods=["GET"]),
             Route(f"{p}/c/{{sid}}/events", wrap(self.events), methods=["GET"]),
             Route(f"{p}/c/{{sid}}/takeover", wrap(self.take_over), methods=["POST"]),
             Route(f"{p}/c/{{sid}}/handback", wrap(self.hand_back), methods=["POST"]),
@@ -117,8 +125,28 @@ class ConsoleViews:
         extra: dict[str, Any] = {}
         if who is not None:
             extra = {"csrf": csrf, "web_enabled": self.services.web is not None}
-        body = self.assets.render(name, prefix=self.prefix, **extra, **context)
+        now = datetime.now(UTC)
+        body = self.assets.render(
+            name,
+            prefix=self.prefix,
+            ago=lambda moment: _ago(moment, now),
+            platform_label=queries.platform_label,
+            part_label=queries.part_label,
+            size=describe_size,
+            media_on=self.services.read_media is not None,
+            inline_images=_INLINE_IMAGES if self.services.read_media else frozenset(),
+            **extra,
+            **context,
+        )
         return HTMLResponse(body, status_code=status)
+
+    async def _page(self, name: str, who: Principal, **context: Any) -> Response:
+        """A whole page: with the navigation's counts of what waits for a person."""
+        store = self.services.store
+        waiting = sum(r.state == "waiting" for r in await queries.needing_a_person(store))
+        counts = await queries.ledger_counts(store)
+        needs = sum(counts[state] for state in queries.ATTENTION)
+        return self._html(name, who, waiting_count=waiting, ledger_attention=needs, **context)
 
     def _back(self, path: str, error: str | None = None) -> Response:
         target = f"{self.prefix}{path}" + (f"?error={error}" if error else "")
@@ -156,7 +184,10 @@ class ConsoleViews:
                 response: Response = self._login_page("", "Too many wrong tokens; wait.", 429)
                 response.headers["Retry-After"] = str(int(check.retry_after) + 1)
                 return secure(response)
-            logger.warning("console sign-in refused: wrong token")
+            # INFO: a typo is no alarm, and a warning would land in the middle of a
+            # terminal chat (``quiet_console_logs``); a guessing run is warned of
+            # once per window by ``ConsoleAuth``.
+            logger.info("console sign-in refused: wrong token")
             return secure(self._login_page(form.get("next", ""), "Wrong token.", 401))
         response = RedirectResponse(self._safe_next(form.get("next", "")), status_code=303)
         response.set_cookie(
@@ -203,17 +234,28 @@ class ConsoleViews:
             platform = ""
         search = params.get("q", "").strip()[:200]
         before = params.get("before", "").strip() or None
-        rows, next_cursor = await queries.list_conversations(
-            self.services.store, platform=platform or None, search=search or None, before=before
-        )
+        person = params.get("view") == "person"
+        next_cursor: str | None = None
+        if person:  # what waits for a person: a short list, no pages
+            rows = await queries.needing_a_person(self.services.store)
+            platform = search = ""
+            before = None
+        else:
+            rows, next_cursor = await queries.list_conversations(
+                self.services.store,
+                platform=platform or None,
+                search=search or None,
+                before=before,
+            )
 
         def query(**values: str | None) -> str:
             return urlencode({k: v for k, v in values.items() if v})
 
-        return self._html(
+        return await self._page(
             "conversations.html",
             who,
             rows=rows,
+            person=person,
             platforms=self.services.platforms,
             platform=platform,
             search=search,
@@ -228,31 +270,76 @@ class ConsoleViews:
     ) -> Response:
         """One conversation: its messages live, takeover controls and the reply box."""
         sid = self._sid(request)
-        row = None if sid is None else await queries.conversation(self.services.store, sid)
-        if row is None and sid is not None and self._is_web(sid):
-            # Just started from the web page: its session is created when its turn begins.
-            row = queries.ConversationRow(sid, WEB_PLATFORM, "DM", "…", "", 0, False)
+        row = None if sid is None else await self._opened(sid)
         if sid is None or row is None:
             return PlainTextResponse("no such conversation", status_code=404)
         items = await queries.transcript(self.services.store, sid)
-        return self._html(
+        # The inbox beside the transcript (wide screens): its first page.
+        inbox, _ = await queries.list_conversations(self.services.store)
+        return await self._page(
             "transcript.html",
             who,
             row=row,
+            sid=sid,
             web=self._is_web(sid),
             items=items,
+            inbox=inbox,
             error=_ERRORS.get(request.query_params.get("error", ""), ""),
             nonce=uuid.uuid4().hex,
             max_reply=MAX_REPLY_CHARS,
         )
 
+    async def _opened(self, sid: str) -> queries.ConversationRow | None:
+        """The conversation an operator looks at, marked read; ``None``: no such one."""
+        store = self.services.store
+        row = await queries.conversation(store, sid)
+        if row is None:
+            if self._is_web(sid):
+                # Just started from the web page: its session is created when its turn
+                # begins (the live view brings the real header in then).
+                return queries.ConversationRow(sid, WEB_PLATFORM, "DM", "…", "", 0, False)
+            return None
+        if row.unread:
+            await queries.mark_read(store, sid)
+        return row
+
     async def messages(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
-        """The rendered messages of a transcript (what the live view swaps in)."""
+        """The rendered messages of a transcript."""
         sid = self._sid(request)
         if sid is None:
             return PlainTextResponse("no such conversation", status_code=404)
         items = await queries.transcript(self.services.store, sid)
-        return self._html("messages.html", who, items=items)
+        return self._html("messages.html", who, items=items, sid=sid)
+
+    async def live(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """What the live view swaps in: the header (state, agent, buttons) and the messages."""
+        sid = self._sid(request)
+        row = None if sid is None else await self._opened(sid)
+        if sid is None or row is None:
+            return PlainTextResponse("no such conversation", status_code=404)
+        items = await queries.transcript(self.services.store, sid)
+        return self._html("live.html", who, row=row, items=items, sid=sid)
+
+    async def media(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """An attachment of this conversation: an image shown inline, any other file
+        downloaded; a file no message of the conversation names is 404."""
+        sid, sha = self._sid(request), str(request.path_params["sha"])
+        read = self.services.read_media
+        if sid is None or read is None or not _SHA256_RE.fullmatch(sha):
+            return PlainTextResponse("not found", status_code=404)
+        part = await queries.media_part(self.services.store, sid, sha)
+        data = None if part is None else await read(sha)
+        if part is None or data is None:
+            return PlainTextResponse("not found", status_code=404)
+        mime = getattr(part, "mime_type", "")
+        if mime in _INLINE_IMAGES:
+            response = Response(data, media_type=mime)
+            response.headers["Content-Disposition"] = "inline"
+        else:
+            response = Response(data, media_type="application/octet-stream")
+            response.headers["Content-Disposition"] = "attachment"
+        response.headers["Cache-Control"] = "private, max-age=3600"
+        return response
 
     async def events(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
         """The live stream of a transcript (Server-Sent Events)."""
@@ -313,11 +400,14 @@ class ConsoleViews:
         rows = await queries.ledger_rows(store)
         counts = await queries.ledger_counts(store)
         taken = len(await self.services.takeovers.reload())
+        chats = await queries.conversations_by_id(store, (o.session_id for o in rows))
         now = datetime.now(UTC)
-        return self._html(
+        return await self._page(
             "ledger.html",
             who,
-            rows=rows,
+            attention=[o for o in rows if o.state in queries.ATTENTION],
+            in_flight=[o for o in rows if o.state not in queries.ATTENTION],
+            chats=chats,
             counts=counts,
             taken_over=taken,
             metrics=queries.metric_totals(self.services.metrics),
@@ -350,7 +440,7 @@ class ConsoleViews:
             return PlainTextResponse("the web channel is off", status_code=404)
         rows, _ = await queries.list_conversations(self.services.store, platform=WEB_PLATFORM)
         error = _ERRORS.get(request.query_params.get("error", ""), "")
-        return self._html("web.html", who, rows=rows, nonce=uuid.uuid4().hex, error=error)
+        return await self._page("web.html", who, rows=rows, nonce=uuid.uuid4().hex, error=error)
 
     async def web_start(
         self, request: Request, who: Principal, form: Mapping[str, str]
@@ -385,6 +475,20 @@ class ConsoleViews:
         if not accepted and await queries.conversation(self.services.store, session_id) is None:
             return self._back(back, "ignored")
         return self._back(f"/c/{session_id}")
+
+
+def _ago(moment: datetime | str, now: datetime) -> str:
+    """``moment`` as a list shows it: ``now``, ``5 min``, ``3 h``, ``2 d``."""
+    if isinstance(moment, str):
+        try:
+            moment = datetime.fromisoformat(moment)
+        except ValueError:
+            return ""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    if (now - moment).total_seconds() < 60:
+        return "now"
+    return queries.age(moment, now)
 
 
 def _https(request: Request) -> bool:

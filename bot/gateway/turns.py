@@ -184,6 +184,16 @@ class Turns:
             "chat_type": event.source.chat_type,
             "session_key": entry.session_key,
             "inbound_message_id": event.message_id,
+            # The names the platform gave, for the console's list (never logged); a
+            # name left out keeps the one stored before.
+            **{
+                key: name
+                for key, name in (
+                    ("chat_name", event.source.chat_name),
+                    ("sender_name", event.source.sender_name),
+                )
+                if name
+            },
         }
         typing = _Typing(adapter, event)
         drafts = open_drafts(adapter, event, self.runner.stream_replies)  # previews only

@@ -8,8 +8,10 @@ async parts through ``ConsoleRig.call``.
 from __future__ import annotations
 
 import re
+import struct
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -68,14 +70,44 @@ class ConsoleRig:
         return str(sessions[0])
 
 
+def png(width: int = 240, height: int = 180) -> bytes:
+    """A small photo-like PNG: a warm gradient with a dark crack across it."""
+    rows = bytearray()
+    for y in range(height):
+        rows.append(0)
+        for x in range(width):
+            crack = abs((x - 40) * 0.6 - (y - 20)) < 2.2 and 40 < x < 210
+            shade = 0.45 if crack else 1.0
+            rows += bytes(
+                (
+                    int((236 - y * 0.25) * shade),
+                    int((190 - x * 0.15) * shade),
+                    int((150 + x * 0.25) * shade),
+                )
+            )
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(bytes(rows), 9))
+        + chunk(b"IEND", b"")
+    )
+
+
 def csrf_of(html: str) -> str:
     found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
     assert found is not None, html
     return found.group(1)
 
 
-@pytest.fixture
-def console(tmp_path: Path) -> Iterator[ConsoleRig]:
+@contextmanager
+def running_console(tmp_path: Path, adapter: FakeAdapter | None = None) -> Iterator[ConsoleRig]:
+    """A console over a started gateway whose platform is ``adapter`` (a ``fake`` one)."""
     parts: dict[str, Any] = {}
 
     @asynccontextmanager
@@ -83,14 +115,14 @@ def console(tmp_path: Path) -> Iterator[ConsoleRig]:
         store = SQLiteSessionStore(str(tmp_path / "chatflow.db"))
         model = ScriptedModel()
         runner = Runner(Agent(name="Helper", instructions="Be helpful."), store, model=model)
-        adapter = FakeAdapter()
+        platform = adapter or FakeAdapter()
         web = WebAdapter()
         settings = Settings(data_dir=tmp_path)
-        gateway = Gateway(runner, store, [adapter, web], settings, secret=SECRET)
+        gateway = Gateway(runner, store, [platform, web], settings, secret=SECRET)
         await gateway.start()
         await gateway.wait_ready()
         app.router.routes.extend(await console_routes(TOKEN, SECRET, gateway))
-        parts.update(gateway=gateway, adapter=adapter, model=model, store=store, web=web)
+        parts.update(gateway=gateway, adapter=platform, model=model, store=store, web=web)
         try:
             yield
         finally:
@@ -100,3 +132,9 @@ def console(tmp_path: Path) -> Iterator[ConsoleRig]:
     app = Starlette(lifespan=lifespan)
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield ConsoleRig(client=client, **parts)
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[ConsoleRig]:
+    with running_console(tmp_path) as rig:
+        yield rig

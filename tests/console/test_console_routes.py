@@ -61,8 +61,8 @@ def test_sign_in_sets_a_strict_httponly_cookie_and_lists_conversations(
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
     page = console.client.get("/console")
     assert page.status_code == 200
-    assert f'<a href="/console/c/{session_id}">{session_id}</a>' in page.text
-    assert "<td>fake</td>" in page.text and "<td>Helper</td>" in page.text
+    assert f'<a href="/console/c/{session_id}">' in page.text
+    assert "Fake · DM" in page.text and "Bot · Helper" in page.text
     assert page.headers["content-security-policy"].startswith("default-src 'none'")
     assert PHONE not in page.text and "user-1" not in page.text
 
@@ -177,7 +177,7 @@ def test_ledger_page_retries_and_abandons(console: ConsoleRig) -> None:
     talk(console)
     csrf = console.sign_in()
     page = console.client.get("/console/ledger").text
-    assert "user blocked the bot" in page and "abandoned: <strong>1</strong>" in page
+    assert "user blocked the bot" in page and "<strong>1</strong> abandoned" in page
     assert "<dt>messages in</dt><dd>1</dd>" in page and "<dt>abandoned</dt><dd>1</dd>" in page
     (obligation_id,) = re.findall(r"/console/ledger/([0-9a-f]+)/retry", page)
 

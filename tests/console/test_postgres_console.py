@@ -35,6 +35,7 @@ async def test_takeover_is_shared_by_processes_and_the_queries_run(pg_dsn: str) 
     now = [0.0]
     try:
         await DeliveryLedger(one).open()
+        await queries.open_schema(one)  # what the console does when it starts
         writer = Takeovers(one)
         reader = Takeovers(two, refresh_seconds=2.0, clock=lambda: now[0])
         agent = Agent(name="Helper", instructions="x")
@@ -106,10 +107,20 @@ async def test_takeover_and_an_operator_reply_on_postgres_across_two_gateways(
         assert await b._dispatcher.drain(5)
         assert model_b.requests == [] and adapter_b.sent == []
 
+        # The inbox reads the same on both: waiting, two unread until one opens it.
+        await queries.open_schema(a.store)
+        (waiting,) = await queries.needing_a_person(b.store)
+        assert (waiting.session_id, waiting.state, waiting.unread) == (session_id, "waiting", 2)
+        await queries.mark_read(a.store, session_id)
+        (row,), _ = await queries.list_conversations(b.store)
+        assert row.unread == 0 and row.preview == "a person?"
+
         desk = OperatorDesk(a.store, a.ledger, a.outbox, a.adapters)
         assert await desk.reply(session_id, "Yes, a person.", nonce="e" * 32)
         sent = await adapter_a.wait_for_sent(2)
         assert sent[1].text == "Yes, a person."
+        answered = await queries.conversation(b.store, session_id)
+        assert answered is not None and answered.state == "human"
         session = await b.store.get(session_id)
         assert session is not None
         assert [m.content for m in session.history] == [

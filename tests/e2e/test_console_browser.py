@@ -4,9 +4,8 @@ Headless Chromium (Debian's ``chromium``, installed by ``scripts/ensure-chromium
 when missing; never ``playwright install``) signs in, opens the conversation,
 takes it over, sees a new message arrive live, replies (the reply reaches the
 fake Telegram through the ledger), hands back (the bot answers again) and
-starts a test chat on the web channel (answered live). A
-screenshot is saved in ``tests/artifacts/`` (and, when missing or with
-``CHATFLOW_UPDATE_SCREENSHOT=1``, as ``docs/console.png`` for the README).
+starts a test chat on the web channel (answered live). Screenshots are saved
+in ``tests/artifacts/``; the README's are ``test_console_screens``' work.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import copy
 import json
 import os
 import re
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -95,15 +93,18 @@ async def test_sign_in_take_over_reply_and_hand_back_in_chromium(
             )
             try:
                 page = await context.new_page()
+                missing: list[str] = []
+                page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
                 await page.goto(f"{bot.url}/console")
                 await expect(page).to_have_url(f"{bot.url}/console/login?next=/console")
                 await page.get_by_label("Console token").fill(TOKEN)
                 await page.get_by_role("button", name="Sign in").click()
                 await expect(page).to_have_url(f"{bot.url}/console")
 
-                row = page.locator("table.conversations tbody tr")
+                row = page.locator("ul.convs > li")
                 await expect(row).to_have_count(1)
-                await expect(row).to_contain_text("telegram")
+                await expect(row).to_contain_text("Alice Liddell")  # the name Telegram gave
+                await expect(row).to_contain_text("Telegram · DM")
                 await expect(row).to_contain_text("Triage")
                 ARTIFACTS.mkdir(exist_ok=True)
                 await page.screenshot(path=str(ARTIFACTS / "console-conversations.png"))
@@ -130,11 +131,9 @@ async def test_sign_in_take_over_reply_and_hand_back_in_chromium(
                 await expect(person).to_contain_text("Hi, this is Ana from support.")
                 await expect(person).to_contain_text("delivered", timeout=15_000)
 
-                shot = ARTIFACTS / "console-transcript.png"
-                await page.screenshot(path=str(shot), full_page=True)
-                readme_shot = ROOT / "docs" / "console.png"
-                if not readme_shot.exists() or os.environ.get("CHATFLOW_UPDATE_SCREENSHOT"):
-                    shutil.copyfile(shot, readme_shot)
+                await page.screenshot(
+                    path=str(ARTIFACTS / "console-transcript.png"), full_page=True
+                )
 
                 await page.get_by_role("button", name="Hand back").click()
                 await expect(page.get_by_role("button", name="Take over")).to_be_visible()
@@ -145,13 +144,14 @@ async def test_sign_in_take_over_reply_and_hand_back_in_chromium(
 
                 # The web channel: a test chat through the same inbox, runner and ledger.
                 await page.get_by_role("link", name="Try the agents").click()
-                await page.get_by_label("Start a new test chat with").fill("hello from the web")
+                await page.get_by_label("your first message").fill("hello from the web")
                 await page.get_by_role("button", name="Start").click()
                 await expect(page).to_have_url(re.compile(r".*/console/c/web-[0-9a-f]{16}$"))
                 await expect(messages).to_contain_text("hello from the web")
                 await expect(messages).to_contain_text("You said", timeout=15_000)
                 await expect(messages).to_contain_text("delivered", timeout=15_000)
                 await page.screenshot(path=str(ARTIFACTS / "console-web-chat.png"))
+                assert missing == []  # not even /favicon.ico
             finally:
                 await context.close()
         log = "\n".join(bot.log)
