@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import mcp_types as types
 import pytest
 
+from bot.core._schema import gemini_compatible_schema
 from bot.core.attachments import ToolOutput
 from bot.core.mcp_tools import clean_schema, render_result, sanitize_tool_name
 
@@ -148,3 +150,125 @@ def test_import_bot_does_not_load_the_mcp_sdk() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+# -- issue 24 --------------------------------------------------------------------------
+
+# server-everything's gzip-file-as-resource, as zod-to-json-schema lists it (draft-07).
+GZIP_FILE_AS_RESOURCE = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "description": "Name of the output file"},
+        "data": {"type": "string", "format": "uri", "description": "URL or data URI"},
+        "outputType": {"type": "string", "enum": ["resourceLink", "resource"]},
+        "when": {"type": "string", "format": "date-time"},
+        "level": {"type": "integer", "format": "int64", "const": 3},
+        "tags": {"type": "array", "items": {"type": "string", "format": "email"}},
+        "note": {"type": ["string", "null"], "propertyNames": {"pattern": "^x"}},
+    },
+    "required": ["name", "data"],
+    "additionalProperties": False,
+}
+
+
+def test_the_gemini_rewrite_keeps_only_geminis_schema_fields_and_formats() -> None:
+    sent = gemini_compatible_schema(clean_schema(GZIP_FILE_AS_RESOURCE))
+    props = sent["properties"]
+    assert "format" not in props["data"] and props["data"]["type"] == "string"
+    assert props["when"]["format"] == "date-time"  # one of the two Gemini keeps for strings
+    assert props["level"] == {"type": "integer", "format": "int64", "enum": [3]}
+    assert props["tags"] == {"type": "array", "items": {"type": "string"}}
+    assert props["note"] == {"type": "string", "nullable": True}
+    assert "additionalProperties" not in sent and "$schema" not in sent
+    assert sent["required"] == ["name", "data"]
+
+
+def test_the_gemini_rewrite_gives_a_recursive_reference_a_plain_object() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"tree": {"anyOf": [{"$ref": "#/$defs/Folder"}, {"type": "null"}]}},
+        "$defs": {"Folder": {"type": "object", "properties": {"children": {"type": "array"}}}},
+    }
+    sent = gemini_compatible_schema(schema)
+    assert sent == {
+        "type": "object",
+        "properties": {"tree": {"type": "object", "nullable": True}},
+    }
+
+
+def test_top_level_alternatives_are_lifted_into_one_object_schema() -> None:
+    # The conformance suite's json_schema_2020_12_tool has this shape at its top.
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "email": {"type": "string"}},
+        "required": ["kind"],
+        "allOf": [
+            {"anyOf": [{"required": ["name"]}, {"required": ["email"]}]},
+            {"properties": {"kind": {"enum": ["person", "team"]}}},
+        ],
+        "if": {"properties": {"kind": {"const": "team"}}},
+        "then": {"required": ["email"]},
+    }
+    cleaned = clean_schema(schema)
+    assert cleaned == {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "email": {"type": "string"},
+            "kind": {"enum": ["person", "team"]},
+        },
+        "required": ["kind"],
+    }
+
+
+def test_a_top_level_alternative_that_is_no_object_cannot_be_offered() -> None:
+    with pytest.raises(ValueError, match=r"not an object|type 'string'"):
+        clean_schema({"type": "object", "oneOf": [{"type": "string"}, {"type": "object"}]})
+
+
+def _image_block(size: int) -> types.ImageContent:
+    from tests.fakes.media_files import jpeg_bytes
+
+    data = base64.b64encode(jpeg_bytes(padding=size)).decode()
+    return types.ImageContent(type="image", data=data, mime_type="image/jpeg")
+
+
+def test_images_of_one_result_are_bounded_in_count_and_bytes() -> None:
+    result = types.CallToolResult(content=[_text("charts"), *[_image_block(400) for _ in range(6)]])
+    by_count = render_result(result, max_images=2)
+    assert isinstance(by_count, ToolOutput) and len(by_count.attachments) == 2
+    assert "[4 more image(s) left out: one result sends at most 2 images" in by_count.text
+    by_bytes = render_result(result, max_image_bytes=2500)  # each image is 737 bytes
+    assert isinstance(by_bytes, ToolOutput) and len(by_bytes.attachments) == 3
+    assert "3 more image(s) left out" in by_bytes.text
+    assert sum(len(a.data or b"") for a in by_bytes.attachments) <= 2500
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        pytest.param(["--token", "abc"], ["--token", "***"], id="flag-value"),
+        pytest.param(["--api-key=abc"], ["--api-key=***"], id="flag-equals"),
+        pytest.param(["GITHUB_TOKEN=abc"], ["GITHUB_TOKEN=***"], id="variable"),
+        pytest.param(
+            ["postgres://crm:pw@db/crm"], ["postgres://crm:***@db/crm"], id="url-password"
+        ),
+        pytest.param(["sk-proj-4f9aK2mQ7xZ1pL8vR3tY6wE0"], ["***"], id="token-shaped"),
+        pytest.param(
+            ["-y", "@modelcontextprotocol/server-everything", "--port", "3001"],
+            ["-y", "@modelcontextprotocol/server-everything", "--port", "3001"],
+            id="nothing-secret",
+        ),
+        pytest.param(
+            ["--host", "db01.eu-west-1.internal.example.com", "mcp-server-postgres-2024"],
+            ["--host", "db01.eu-west-1.internal.example.com", "mcp-server-postgres-2024"],
+            id="long-but-plain",
+        ),
+    ],
+)
+def test_credentials_in_stdio_arguments_are_masked(args: list[str], shown: list[str]) -> None:
+    from bot.core.mcp_servers import mask_args
+
+    assert mask_args(args) == shown

@@ -185,9 +185,9 @@ async def test_doctor_lists_each_server_with_its_status_and_tools(
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     lines = {line[5:].split(":", 1)[0]: line for line in out.decode().splitlines()}
     assert lines["mcp crm"].startswith("ok   mcp crm: stdio: ")
-    assert "8 tools: crm_lookup_order, count_items" in lines["mcp crm"]
+    assert "9 tools: crm_lookup_order, count_items" in lines["mcp crm"]
     assert lines["mcp kb"].startswith(
-        f"ok   mcp kb: http: {http.url}: 8 tools: kb_crm_lookup_order"
+        f"ok   mcp kb: http: {http.url}: 9 tools: kb_crm_lookup_order"
     )
     assert lines["mcp orders"].startswith("FAIL mcp orders: stdio: /nonexistent/orders-mcp: failed")
     assert proc.returncode == 1

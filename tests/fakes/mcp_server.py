@@ -11,16 +11,23 @@ Environment of the stdio process:
 - ``FAKE_MCP_REFUSE_FILE``: while that file exists the process exits at once
   with status 3, as a server that stays dead does.
 - ``FAKE_MCP_SECRET``: a "secret" the ``secret_length`` tool proves it received.
+- ``FAKE_MCP_EXIT_AFTER_LIST``: the process exits (status 1) right after it
+  has answered ``tools/list``, as a server that crashes once it is used does.
+- ``FAKE_MCP_STUBBORN``: the process ignores SIGTERM and the end of its stdin
+  (only SIGKILL stops it), as a wedged server does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.utilities.types import Image
 
@@ -36,9 +43,12 @@ def _meta_of(ctx: Context) -> dict[str, Any]:
     return {key: value for key, value in dict(meta).items() if key.startswith("chatflow/")}
 
 
-def build_fake_server(name: str = "fake-crm", prefix: str = "") -> MCPServer:
-    """The server with every test tool registered, each name starting with ``prefix``."""
-    server = MCPServer(name)
+def build_fake_server(
+    name: str = "fake-crm", prefix: str = "", cls: type[MCPServer] = MCPServer
+) -> MCPServer:
+    """The server (a ``cls``) with every test tool registered, each name starting with
+    ``prefix``."""
+    server = cls(name)
 
     @server.tool(name=prefix + "crm.lookup_order")
     def lookup_order(order_id: str, ctx: Context) -> str:
@@ -98,7 +108,35 @@ def build_fake_server(name: str = "fake-crm", prefix: str = "") -> MCPServer:
 
         return Image(data=jpeg_bytes(), format="jpeg")
 
+    @server.tool(name=prefix + "client_name")
+    def client_name(ctx: Context) -> str:
+        """How the client introduced itself (``name/version``)."""
+        return describe_client(ctx)
+
     return server
+
+
+def describe_client(ctx: Context) -> str:
+    """``name/version`` of the client: from the handshake (2025) or the request's
+    ``_meta`` envelope (2026-07-28)."""
+    params = getattr(ctx.session, "client_params", None)
+    info: Any = getattr(params, "client_info", None)
+    if info is None:
+        meta = dict(ctx.request_context.meta or {})
+        info = next((v for k, v in meta.items() if k.endswith("clientInfo")), None)
+    if isinstance(info, dict):
+        return f"{info.get('name')}/{info.get('version')}"
+    return f"{getattr(info, 'name', None)}/{getattr(info, 'version', None)}"
+
+
+class _ExitAfterList(MCPServer):
+    """Answers ``tools/list``, then dies at once (a crash loop for the reconnect backoff)."""
+
+    async def list_tools(self) -> list[types.Tool]:
+        listed = await super().list_tools()
+        # After the answer is written: a timer thread, not this request's task.
+        threading.Timer(0.05, os._exit, args=(1,)).start()
+        return listed
 
 
 def stdio_params(**env: str) -> MCPServerStdioParams:
@@ -122,6 +160,15 @@ def main() -> None:
         tmp = Path(pid_file + ".tmp")
         tmp.write_text(str(os.getpid()))
         tmp.replace(pid_file)
+    if os.environ.get("FAKE_MCP_EXIT_AFTER_LIST"):
+        build_fake_server(cls=_ExitAfterList).run("stdio")
+        return
+    if os.environ.get("FAKE_MCP_STUBBORN"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            build_fake_server().run("stdio")
+        finally:
+            threading.Event().wait()  # stdin closed: stay anyway
     build_fake_server().run("stdio")
 
 
