@@ -21,7 +21,7 @@ from typing import Any
 import aiosqlite
 
 from bench.common import bench_tmpdir, fmt_num, percentile, print_table, write_result
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 
 NAME = "ceiling"
 SECONDS = 3.0

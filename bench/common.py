@@ -21,7 +21,7 @@ from typing import Any
 
 from bot.core.messages import Message
 from bot.core.models.base import ModelResponse, ToolSpec
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 
 __all__ = [
     "BENCH_DIR",

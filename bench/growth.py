@@ -31,10 +31,11 @@ from typing import Any
 
 from bench.common import bench_tmpdir, fmt_num, median, percentile, print_table, write_result
 from bot.core.agent import Agent
-from bot.core.memory import SessionStore
 from bot.core.messages import Message, Role
-from bot.core.sqlite_store import SQLiteSessionStore
-from bot.gateway.ledger import DeliveryLedger, Owner
+from bot.core.stores.in_memory import SessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
+from bot.gateway.instances import Owner
+from bot.gateway.ledger import DeliveryLedger
 
 NAME = "growth"
 TRAFFIC = (100, 10_000, 100_000)

@@ -38,8 +38,8 @@ from bot.config import Settings  # noqa: E402
 from bot.core.agent import Agent  # noqa: E402
 from bot.core.messages import Message  # noqa: E402
 from bot.core.models.base import ModelResponse, ToolSpec  # noqa: E402
-from bot.core.postgres_store import PostgresSessionStore  # noqa: E402
 from bot.core.runner import Runner  # noqa: E402
+from bot.core.stores.postgres import PostgresSessionStore  # noqa: E402
 from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult  # noqa: E402
 from bot.gateway.events import MessageEvent, SessionSource  # noqa: E402
 from bot.gateway.gateway import Gateway  # noqa: E402

@@ -49,7 +49,7 @@ from bench.common import (
 from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway

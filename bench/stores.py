@@ -47,7 +47,7 @@ from bench.peer_worker import (
 from bench.peers import PeerSetupError, ensure_peer_python
 from bot.core.agent import Agent
 from bot.core.messages import Message, Role, ToolCall
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 
 NAME = "stores"
 WORKER = Path(__file__).resolve().parent / "peer_worker.py"

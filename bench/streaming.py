@@ -24,7 +24,7 @@ from bot.core.agent import Agent
 from bot.core.messages import Message
 from bot.core.models.base import ModelResponse, OnText, ToolSpec
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
@@ -32,7 +32,7 @@ from bot.gateway.gateway import Gateway
 NAME = "streaming"
 TOKEN_CHARS = 4
 DRAFT_SECONDS = 1.0
-"""Telegram's pace (``bot.platforms.telegram_drafts.DRAFT_INTERVAL``)."""
+"""Telegram's pace (``bot.platforms.telegram.drafts.DRAFT_INTERVAL``)."""
 
 
 class PacedModel:

@@ -7,15 +7,8 @@ imported on its own so that ``import bot`` stays light.
 from bot.core.agent import Agent
 from bot.core.attachments import Attachment, ToolOutput
 from bot.core.human_handoff import transfer_to_human
-from bot.core.mcp_servers import MCPServer, MCPServerStdio, MCPServerStreamableHttp
-from bot.core.mcp_tools import ToolFilterStatic, create_static_tool_filter
-from bot.core.memory import (
-    DEFAULT_DEDUP_TTL_HOURS,
-    BaseSessionStore,
-    SessionContext,
-    SessionDeletedError,
-    SessionStore,
-)
+from bot.core.mcp.servers import MCPServer, MCPServerStdio, MCPServerStreamableHttp
+from bot.core.mcp.tools import ToolFilterStatic, create_static_tool_filter
 from bot.core.messages import (
     AudioPart,
     ContactPart,
@@ -30,7 +23,10 @@ from bot.core.messages import (
 )
 from bot.core.models.routing import ModelSettings
 from bot.core.runner import Runner, RunResult
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.session import SessionContext
+from bot.core.stores.base import DEFAULT_DEDUP_TTL_HOURS, BaseSessionStore, SessionDeletedError
+from bot.core.stores.in_memory import SessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.streaming import ReplyStream
 from bot.core.tools import ToolContext, tool
 from bot.errors import (

@@ -17,10 +17,10 @@ from typing import IO
 from bot.agents_loader import load_agents
 from bot.config import Settings
 from bot.core.agent import Agent
-from bot.core.memory import BaseSessionStore, TransactionalStore
 from bot.core.models.routing import ModelSettings, default_model_name
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.base import BaseSessionStore, TransactionalStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.contract import PlatformAdapter
 from bot.gateway.gateway import Gateway
@@ -58,7 +58,7 @@ def load_starting_agent(module_name: str | None = None) -> Agent:
 def open_store(settings: Settings) -> TransactionalStore:
     """The store ``DATABASE_URL`` names: SQLite (its folder created if missing) or PostgreSQL."""
     if settings.database_dialect == "postgres":
-        from bot.core.postgres_store import PostgresSessionStore
+        from bot.core.stores.postgres import PostgresSessionStore
 
         assert settings.database_url is not None
         # Every running turn holds one lock connection; transactions get their own pool.
@@ -121,7 +121,7 @@ def build_adapters(
     the browser console's web channel with ``web``."""
     adapters: list[PlatformAdapter] = []
     if settings.telegram_bot_token is not None:
-        from bot.platforms.telegram import TelegramAdapter
+        from bot.platforms.telegram.adapter import TelegramAdapter
 
         secret = settings.telegram_webhook_secret
         adapters.append(
@@ -136,7 +136,7 @@ def build_adapters(
             )
         )
     if settings.whatsapp_phone_id:
-        from bot.platforms.whatsapp import WhatsAppAdapter
+        from bot.platforms.whatsapp.adapter import WhatsAppAdapter
 
         assert settings.whatsapp_token is not None  # checked by Settings
         assert settings.whatsapp_verify_token is not None

@@ -19,9 +19,10 @@ from bot.app import Bot, instance_lock, load_starting_agent, open_store
 from bot.config import Settings, load_settings
 from bot.data_dir import ensure_data_dir
 from bot.errors import ChatflowError, ConfigurationError
+from bot.gateway.access.pairing import Pairing, sender_ref
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
-from bot.gateway.ledger import DeliveryLedger, Obligation, ObligationState
-from bot.gateway.pairing import Pairing, sender_ref
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import Obligation, ObligationState
 from bot.logs import configure_logging, quiet_console_logs
 from bot.setting_typos import setting_typos
 

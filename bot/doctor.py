@@ -12,8 +12,8 @@ import httpx
 from bot.agents_loader import LoadedAgents, load_agents
 from bot.app import open_store
 from bot.config import Settings
-from bot.core.mcp_lifecycle import servers_of
-from bot.core.mcp_servers import MCPServer
+from bot.core.mcp.lifecycle import servers_of
+from bot.core.mcp.servers import MCPServer
 from bot.core.models.routing import ModelSettings, default_model_name, route_model
 from bot.data_dir import ensure_data_dir
 from bot.errors import ChatflowError
@@ -149,7 +149,7 @@ async def _check_telegram(settings: Settings, client: httpx.AsyncClient) -> Chec
 
 
 async def _check_whatsapp(settings: Settings, client: httpx.AsyncClient) -> CheckResult:
-    from bot.platforms.whatsapp import DEFAULT_API_VERSION
+    from bot.platforms.whatsapp.adapter import DEFAULT_API_VERSION
 
     if settings.whatsapp_app_secret is None and not settings.whatsapp_insecure_dev:
         return CheckResult("whatsapp", False, "WHATSAPP_APP_SECRET is not set")

@@ -10,7 +10,7 @@ from bot.app import Bot
 from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.gateway import Gateway
 from bot.testing import FakeAdapter, ScriptedModel
 

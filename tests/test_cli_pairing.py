@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from bot.config import load_settings
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import ConfigurationError
+from bot.gateway.access.pairing import Pairing
 from bot.gateway.keys import load_or_create_secret
-from bot.gateway.pairing import Pairing
 from tests.test_cli import _bot
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from bot.app import POLLING_CONFLICT_MESSAGE, instance_lock, open_store
 from bot.config import Settings, load_settings
-from bot.core.postgres_store import PostgresSessionStore
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.postgres import PostgresSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import ConfigurationError
 from bot.gateway.instances import InstanceRegistry, Owner
 from tests.pgtest import pg_dsn

@@ -1,8 +1,8 @@
 """What the console reads: conversations, transcripts, the ledger (read-only SQL).
 
 Every query is one ``store.run(body, write=False)`` over the stores' own
-tables (``chatflow_sessions``/``chatflow_messages`` of ``bot.core.sql_store``,
-the ledger's of ``bot.gateway.obligations``, the takeover table): no write,
+tables (``chatflow_sessions``/``chatflow_messages`` of ``bot.core.stores.sql``,
+the ledger's of ``bot.gateway.ledger.obligations``, the takeover table): no write,
 no lock a turn waits on. The conversation list pages by key set
 (``updated_at, session_id``), never by offset, so page 2000 costs what page 1 does;
 what a line shows besides (its last message, its unread count) is read by
@@ -21,10 +21,10 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from bot.core.agent import HANDOFF_PREFIX
-from bot.core.memory import Transaction, TransactionalStore
 from bot.core.messages import Message, MessagePart, Role
-from bot.gateway.obligations import COLUMNS, TABLE, Obligation, decode_row
-from bot.gateway.schema import ensure_schema
+from bot.core.sql import Transaction, ensure_schema
+from bot.core.stores.base import TransactionalStore
+from bot.gateway.ledger.obligations import COLUMNS, TABLE, Obligation, decode_row
 from bot.gateway.takeover import AGENT_REASON_PREFIX, OPERATOR_NAME, TAKEOVER_TABLE
 from bot.metrics import Metrics
 

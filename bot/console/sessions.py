@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from bot.core.memory import Transaction, TransactionalStore, require_transactional
-from bot.gateway.schema import ensure_schema
+from bot.core.sql import Transaction, ensure_schema
+from bot.core.stores.base import TransactionalStore, require_transactional
 
 __all__ = ["SESSIONS_TABLE", "ConsoleSessions"]
 

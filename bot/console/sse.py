@@ -19,7 +19,7 @@ from typing import Any, Final
 from starlette.responses import StreamingResponse
 
 from bot.console.queries import recent_changes
-from bot.core.memory import TransactionalStore
+from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError
 
 __all__ = ["CHANGED", "POLL_SECONDS", "STREAM_SECONDS", "transcript_stream"]

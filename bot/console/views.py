@@ -26,8 +26,8 @@ from bot.console.guard import Guard, client_of, read_form, secure
 from bot.console.sse import transcript_stream
 from bot.console.templating import STATIC_TYPES, ConsoleAssets
 from bot.console.webchat import WEB_PLATFORM, WebChannel
-from bot.core.memory import TransactionalStore
 from bot.core.parts import describe_size
+from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError
 from bot.gateway.contract import MessageEvent
 from bot.gateway.ledger import DeliveryLedger

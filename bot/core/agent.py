@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.core.mcp_servers import MCPServer
-from bot.core.mcp_tools import MCPTool
+from bot.core.mcp.servers import MCPServer
+from bot.core.mcp.tools import MCPTool
 from bot.core.models.base import ToolSpec
 from bot.core.tools import FunctionTool, ToolContext, tool
 

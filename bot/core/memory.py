@@ -3,30 +3,29 @@
 A façade: the code lives in modules of one concept each --
 
 - ``bot.core.session``: ``SessionContext``, its change tracking and checkpoints;
-- ``bot.core.store``: the store contract ``BaseSessionStore`` and the SQL
+- ``bot.core.stores.base``: the store contract ``BaseSessionStore`` and the SQL
   capability ``TransactionalStore``;
-- ``bot.core.memory_store``: the in-memory ``SessionStore``;
+- ``bot.core.stores.in_memory``: the in-memory ``SessionStore``;
 - ``bot.core.ids``: session-id validation and the id form fit for logs;
 - ``bot.core.sql``: the ``Transaction`` protocol and the SQL both databases run
-  (``bot.core.sql_store`` and ``bot.core.session_schema``: what the SQL stores share);
-- ``bot.core._locks``: ``KeyedLocks``.
+  (``bot.core.stores.sql`` and ``bot.core.stores.schema``: what the SQL stores share);
+- ``bot.core.stores._locks``: ``KeyedLocks``.
 
 Every name importable from here before the split still is (DESIGN §3.0).
 """
 
 from __future__ import annotations
 
-from bot.core._locks import KeyedLocks
 from bot.core.ids import (
     LogSafePredicate,
     log_session_id,
     set_log_safe_session_ids,
     validate_session_id,
 )
-from bot.core.memory_store import SessionStore
 from bot.core.session import DEFAULT_MAX_TURNS, SessionCheckpoint, SessionContext, seq_runs
 from bot.core.sql import Transaction
-from bot.core.store import (
+from bot.core.stores._locks import KeyedLocks
+from bot.core.stores.base import (
     DEFAULT_DEDUP_TTL_HOURS,
     NO_SQL_MESSAGE,
     PURGE_BATCH_SIZE,
@@ -40,6 +39,7 @@ from bot.core.store import (
     dump_metadata,
     require_transactional,
 )
+from bot.core.stores.in_memory import SessionStore
 
 __all__ = [
     "DEFAULT_DEDUP_TTL_HOURS",

@@ -21,16 +21,9 @@ from typing import Any, Self
 
 from bot.core.agent import HANDOFF_PREFIX, Agent, HandoffTool
 from bot.core.attachments import OutgoingPart, ToolFiles, ToolOutput
-from bot.core.mcp_lifecycle import check_tool_names, close_servers, connect_servers, servers_of
-from bot.core.mcp_servers import MCPServer
-from bot.core.memory import (
-    BaseSessionStore,
-    SessionContext,
-    SessionStore,
-    Transaction,
-    log_session_id,
-    require_transactional,
-)
+from bot.core.ids import log_session_id
+from bot.core.mcp.lifecycle import check_tool_names, close_servers, connect_servers, servers_of
+from bot.core.mcp.servers import MCPServer
 from bot.core.messages import ImagePart, Message, MessagePart, Role, ToolCall
 from bot.core.models.base import ChatModel, ModelResponse, Usage, current_agent_name
 from bot.core.models.routing import (
@@ -40,6 +33,10 @@ from bot.core.models.routing import (
     default_model_name,
 )
 from bot.core.parts import NO_VISION_NOTE, without_images
+from bot.core.session import SessionContext
+from bot.core.sql import Transaction
+from bot.core.stores.base import BaseSessionStore, require_transactional
+from bot.core.stores.in_memory import SessionStore
 from bot.core.streaming import ReplyStream, ask_model
 from bot.core.tools import FunctionTool, ToolContext, error_result
 from bot.errors import ChatflowError, EmptyAnswerError, MaxToolRoundsError, TurnError

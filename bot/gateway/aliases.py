@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 
-from bot.core.memory import TransactionalStore, require_transactional
-from bot.gateway.schema import ensure_schema
+from bot.core.sql import ensure_schema
+from bot.core.stores.base import TransactionalStore, require_transactional
 
 __all__ = ["ChatAliases"]
 

@@ -19,7 +19,7 @@ from bot.core.media_store import MediaStore
 from bot.core.messages import ImagePart
 from bot.errors import PlatformError
 from bot.gateway.contract import OutgoingFile, PlatformAdapter, SendResult
-from bot.gateway.obligations import Obligation
+from bot.gateway.ledger.obligations import Obligation
 
 __all__ = ["load_files", "send_reply"]
 

@@ -23,19 +23,20 @@ import logging
 from collections.abc import Sequence
 
 from bot.config import Settings
-from bot.core.memory import TransactionalStore
 from bot.core.runner import Runner
+from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError, PlatformError
-from bot.gateway.access import AccessControl
+from bot.gateway.access.control import AccessControl
+from bot.gateway.access.gate import Gate
 from bot.gateway.aliases import ChatAliases
 from bot.gateway.contract import PlatformAdapter
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
 from bot.gateway.events import MessageEvent, encodable
-from bot.gateway.gate import Gate
 from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import log_ref
-from bot.gateway.ledger import DeliveryLedger, Obligation
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import Obligation
 from bot.gateway.media_fetch import build_media_fetcher
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.replies import Replies

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from bot.core.memory import Transaction, TransactionalStore, require_transactional
+from bot.core.sql import Transaction, ensure_schema
+from bot.core.stores.base import TransactionalStore, require_transactional
 from bot.errors import StorageError
 from bot.gateway.events import MessageEvent, event_from_dict, event_to_dict
 from bot.gateway.instances import Owner, from_epoch, to_epoch
-from bot.gateway.schema import ensure_schema
 from bot.logs import log_ref
 
 __all__ = [

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from bot.core.memory import Transaction, TransactionalStore, require_transactional
+from bot.core.sql import Transaction, ensure_schema
+from bot.core.stores.base import TransactionalStore, require_transactional
 from bot.errors import StorageError
-from bot.gateway.schema import ensure_schema
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from bot.core.ids import set_log_safe_session_ids
 from bot.core.paths import is_path_unsafe, is_session_key_unsafe
-from bot.core.store import TransactionalStore
+from bot.core.sql import ensure_schema
+from bot.core.stores.base import TransactionalStore
 from bot.errors import ConfigurationError, StorageError
 from bot.gateway.events import SessionSource
-from bot.gateway.schema import ensure_schema
 from bot.logs import log_ref
 
 __all__ = [

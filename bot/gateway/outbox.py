@@ -17,7 +17,8 @@ from bot.core.media_store import MediaStore
 from bot.errors import PlatformError
 from bot.gateway.attachments import send_reply
 from bot.gateway.contract import PlatformAdapter, StatusFailedHandler
-from bot.gateway.ledger import DeliveryLedger, Obligation
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import Obligation
 from bot.metrics import Metrics
 
 __all__ = [

@@ -18,7 +18,8 @@ import re
 from bot.errors import ChatflowError
 from bot.gateway.contract import MessageEvent
 from bot.gateway.inbox import Inbox
-from bot.gateway.ledger import RECOVERED_MARKER, DeliveryLedger
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 
 __all__ = ["MAX_QUOTE_CHARS", "reply_context", "with_reply_context"]
 

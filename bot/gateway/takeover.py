@@ -36,16 +36,17 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from bot.core.agent import Agent
-from bot.core.memory import Transaction, TransactionalStore, require_transactional
 from bot.core.messages import Message, Role
+from bot.core.sql import Transaction, ensure_schema
+from bot.core.stores.base import TransactionalStore, require_transactional
 from bot.errors import ChatflowError, StorageError
 from bot.gateway.contract import PlatformAdapter
 from bot.gateway.events import event_from_dict
 from bot.gateway.inbox import Inbox, InboxClaimLostError, InboxEntry
-from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
-from bot.gateway.obligations import TABLE as OBLIGATIONS_TABLE
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import TABLE as OBLIGATIONS_TABLE
+from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.outbox import Outbox
-from bot.gateway.schema import ensure_schema
 
 __all__ = [
     "AGENT_REASON_PREFIX",

@@ -22,12 +22,14 @@ from collections.abc import Mapping, Sequence
 
 from bot.core.attachments import OutgoingPart
 from bot.core.human_handoff import requested_human
-from bot.core.memory import Transaction, TransactionalStore
 from bot.core.runner import Runner, RunResult
+from bot.core.sql import Transaction
+from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError
 from bot.gateway.contract import MessageEvent, PlatformAdapter
 from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
-from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.media_fetch import MediaFetcher, PreparedMedia
 from bot.gateway.outbox import Outbox
 from bot.gateway.replies import Replies

@@ -25,9 +25,9 @@ from agents.billing import (
 from agents.orders import check_order_status, load_orders, normalise_order_id, order_tracking
 from agents.triage import triage
 from bot.core.agent import Agent
-from bot.core.memory import SessionStore
 from bot.core.models.offline import OFFLINE_PREFIX, OfflineModel
 from bot.core.runner import Runner
+from bot.core.stores.in_memory import SessionStore
 from bot.core.tools import FunctionTool, ToolContext
 
 

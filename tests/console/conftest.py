@@ -25,7 +25,7 @@ from bot.console import console_routes
 from bot.core.agent import Agent
 from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.events import MessageEvent
 from bot.gateway.gateway import Gateway
 from bot.platforms.web import WebAdapter

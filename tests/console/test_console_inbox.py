@@ -17,7 +17,7 @@ from bot.core.models.scripted import ScriptedModel
 from bot.errors import PlatformError
 from bot.gateway.contract import MediaAttachment
 from bot.logs import configure_logging, quiet_console_logs
-from bot.platforms.whatsapp_payload import parse_webhook
+from bot.platforms.whatsapp.payload import parse_webhook
 from tests.console.conftest import TOKEN, ConsoleRig, csrf_of, png, running_console
 from tests.fakes.adapter import FakeAdapter, make_event
 

@@ -11,7 +11,7 @@ from bot.console.auth import FAILURE_WINDOW_SECONDS, GLOBAL_MAX_FAILURES, Consol
 from bot.console.sessions import SESSIONS_TABLE, ConsoleSessions
 from bot.console.templating import BIDI_CONTROLS, show_bidi_controls
 from bot.core.models.scripted import ScriptedModel
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import PlatformError
 from bot.gateway.contract import MediaAttachment
 from tests.console.conftest import SECRET, TOKEN, ConsoleRig, csrf_of

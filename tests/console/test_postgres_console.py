@@ -16,8 +16,8 @@ from bot.console.sessions import ConsoleSessions
 from bot.core.agent import Agent
 from bot.core.messages import Message, Role
 from bot.core.models.scripted import ScriptedModel
-from bot.core.postgres_store import PostgresSessionStore
 from bot.core.runner import Runner
+from bot.core.stores.postgres import PostgresSessionStore
 from bot.gateway.gateway import Gateway
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.takeover import OperatorDesk, Takeovers

@@ -13,7 +13,7 @@ from bot.console import queries
 from bot.console.sse import CHANGED, _changes
 from bot.core.agent import Agent
 from bot.core.messages import Message, Role
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.takeover import Takeovers
 

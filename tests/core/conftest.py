@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from bot.core.agent import Agent
-from bot.core.memory import BaseSessionStore, SessionStore
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.base import BaseSessionStore
+from bot.core.stores.in_memory import SessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from tests.fakes.clock import FakeClock
 from tests.pgtest import fresh_schema
 
@@ -50,7 +51,7 @@ async def store_factory(
             elif kind == "sqlite-file":
                 store = SQLiteSessionStore(tmp_path / "chatflow.db", **kwargs)
             elif kind == "postgres":
-                from bot.core.postgres_store import PostgresSessionStore
+                from bot.core.stores.postgres import PostgresSessionStore
 
                 store = PostgresSessionStore(dsn, **kwargs)
             else:

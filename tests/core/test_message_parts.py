@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.core.agent import Agent
-from bot.core.memory import BaseSessionStore, SessionStore, TransactionalStore
 from bot.core.messages import (
     AudioPart,
     ContactPart,
@@ -21,7 +20,9 @@ from bot.core.messages import (
     Role,
     TextPart,
 )
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.base import BaseSessionStore, TransactionalStore
+from bot.core.stores.in_memory import SessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 
 AGENT = Agent(name="Support", instructions="Help.")
 

@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.core.agent import Agent
-from bot.core.memory import BaseSessionStore, SessionContext, SessionStore
 from bot.core.messages import Message, Role, ToolCall
-from bot.core.session import _Entry
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.session import SessionContext, _Entry
+from bot.core.stores.base import BaseSessionStore
+from bot.core.stores.in_memory import SessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 
 AGENTS = [Agent(name=name, instructions=name) for name in ("Triage", "Billing", "Support")]
 RESOLVER = {agent.name: agent for agent in AGENTS}.get

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from bot.core.agent import Agent, tool
-from bot.core.memory import BaseSessionStore, SessionContext, SessionStore
 from bot.core.messages import Message, Role, ToolCall
 from bot.core.models import (
     INVALID_JSON_ARGUMENTS,
@@ -29,7 +28,10 @@ from bot.core.models import (
 )
 from bot.core.models.scripted import RecordedCall
 from bot.core.runner import Runner, RunResult
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.session import SessionContext
+from bot.core.stores.base import BaseSessionStore
+from bot.core.stores.in_memory import SessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.tools import ToolContext
 from bot.errors import (
     ChatflowError,

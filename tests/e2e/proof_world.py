@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from bot.core.messages import Message, Role
-from bot.gateway.ledger import RECOVERED_MARKER
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 from tests.e2e.botprocess import BotProcess
 from tests.fakes.openai_server import FakeOpenAIServer, FakeResponse, RecordedRequest
 from tests.fakes.telegram_server import FakeTelegramServer

@@ -33,7 +33,7 @@ from bot.core.agent import Agent
 from bot.core.models.base import ModelResponse
 from bot.core.models.scripted import RecordedCall, ScriptedModel
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.tools import tool
 from bot.errors import PlatformError
 from bot.gateway.contract import MediaAttachment, MessageEvent

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.gateway.obligations import RECOVERED_MARKER
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 from tests.e2e.botprocess import BotProcess
 from tests.e2e.test_media_bots import telegram_update
 from tests.fakes.media_agents import CHART_NAME

@@ -30,7 +30,7 @@ import asyncpg
 import httpx
 import pytest
 
-from bot.gateway.ledger import RECOVERED_MARKER
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 from tests.e2e.botprocess import BotProcess
 from tests.fakes.whatsapp_server import FakeWhatsAppServer, RecordedRequest
 from tests.fakes.whatsapp_webhook import PHONE_NUMBER_ID, WebhookSender

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bot.gateway.ledger import RECOVERED_MARKER
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 from bot.gateway.replies import Replies
 from tests.e2e.botprocess import BotProcess
 from tests.fakes.openai_server import FakeOpenAIServer, FakeResponse, RecordedRequest

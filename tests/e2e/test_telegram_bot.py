@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bot.gateway.ledger import RECOVERED_MARKER
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 from tests.e2e.botprocess import BotProcess
 from tests.fakes.telegram_server import FakeTelegramServer, Fault
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.gateway.ledger import RECOVERED_MARKER
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 from tests.e2e.botprocess import BotProcess
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
 from tests.fakes.whatsapp_webhook import GROUP_ID, PHONE_NUMBER_ID, USER_WA_ID, WebhookSender

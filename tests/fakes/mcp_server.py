@@ -31,7 +31,7 @@ import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.utilities.types import Image
 
-from bot.core.mcp_servers import MCPServerStdioParams
+from bot.core.mcp.servers import MCPServerStdioParams
 
 __all__ = ["ROOT", "build_fake_server", "stdio_params"]
 

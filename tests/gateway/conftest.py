@@ -15,7 +15,7 @@ from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
 from tests.fakes.adapter import FakeAdapter

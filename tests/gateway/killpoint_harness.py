@@ -40,11 +40,11 @@ from bot.core.agent import Agent
 from bot.core.messages import Message, Role
 from bot.core.models.base import ModelResponse, OnText, ToolSpec
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
-from bot.gateway.ledger_base import DeliveredMark
+from bot.gateway.ledger.base import DeliveredMark
 
 
 def die() -> None:

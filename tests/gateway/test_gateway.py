@@ -12,12 +12,12 @@ import pytest
 
 from bot.core.models.base import ModelResponse
 from bot.core.models.scripted import ScriptedModel
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import ModelError, PlatformError, StorageError
 from bot.gateway.dispatcher import DispatcherBusyError
 from bot.gateway.events import MessageEvent
 from bot.gateway.gateway import Replies
-from bot.gateway.ledger import RECOVERED_MARKER
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 from tests.fakes.adapter import FakeAdapter, make_event, transient
 from tests.gateway.conftest import Rig
 

@@ -15,17 +15,19 @@ import pytest
 import bot.gateway.instances as instances_module
 from bot.config import Settings
 from bot.core.agent import Agent
-from bot.core.memory import Transaction
 from bot.core.models.base import ModelResponse
 from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.sql import Transaction
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import PlatformError, StorageError
 from bot.gateway import gateway as gateway_module
 from bot.gateway.gateway import Gateway, Replies
+from bot.gateway.instances import Owner
 from bot.gateway.keys import session_id_for
-from bot.gateway.ledger import RECOVERED_MARKER, DeliveryLedger, Obligation, Owner
-from bot.gateway.ledger_base import DeliveredMark
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.base import DeliveredMark
+from bot.gateway.ledger.obligations import RECOVERED_MARKER, Obligation
 from bot.platforms.base import SendResult
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.gateway.conftest import SECRET, Rig

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import SchemaVersionError, StorageError
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.inbox import (

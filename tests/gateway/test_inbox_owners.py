@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.inbox import Inbox
 from bot.gateway.instances import InstanceRegistry, Owner
 from tests.fakes.clock import FakeClock

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.gateway.ledger import RECOVERED_MARKER
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 
 HARNESS = Path(__file__).with_name("killpoint_harness.py")
 ROOT = Path(__file__).resolve().parents[2]

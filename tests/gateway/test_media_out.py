@@ -19,20 +19,21 @@ from bot.core.messages import DocumentPart
 from bot.core.models.routing import ModelSettings
 from bot.core.models.scripted import ScriptedModel
 from bot.core.sql import ensure_schema
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.attachments import send_reply
 from bot.gateway.contract import OutgoingFile, PlatformAdapter, SendResult
 from bot.gateway.gateway import Gateway
-from bot.gateway.ledger import (
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import (
+    MIGRATIONS,
     RECOVERED_MARKER,
-    DeliveryLedger,
+    TABLE,
     Obligation,
     compute_obligation_id,
 )
-from bot.gateway.obligations import MIGRATIONS, TABLE
 from tests.fakes.adapter import FakeAdapter, make_event, transient
 from tests.fakes.media_files import jpeg_bytes
-from tests.gateway.ledger_support import dead_owner
+from tests.gateway.ledger.ledger_support import dead_owner
 
 SECRET = b"k" * 32
 

@@ -19,15 +19,16 @@ from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.models.base import ModelResponse
 from bot.core.models.scripted import RecordedCall, ScriptedModel
-from bot.core.postgres_store import PostgresSessionStore
 from bot.core.runner import Runner
+from bot.core.stores.postgres import PostgresSessionStore
 from bot.errors import ConfigurationError
 from bot.gateway.aliases import ChatAliases
 from bot.gateway.gateway import Gateway
 from bot.gateway.inbox import Inbox, InboxClaimLostError
 from bot.gateway.instances import InstanceRegistry, Owner
 from bot.gateway.keys import load_or_create_shared_secret
-from bot.gateway.ledger import RECOVERED_MARKER, DeliveryLedger, compute_obligation_id
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import RECOVERED_MARKER, compute_obligation_id
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.gateway.conftest import build_event
 from tests.pgtest import pg_dsn

@@ -9,7 +9,7 @@ from typing import Any
 
 from bot.core.models.scripted import ScriptedModel
 from bot.gateway.contract import MediaAttachment
-from bot.platforms.telegram_mapping import map_update
+from bot.platforms.telegram.mapping import map_update
 from tests.fakes.adapter import make_event
 from tests.fakes.media_files import jpeg_bytes
 from tests.gateway.conftest import Rig

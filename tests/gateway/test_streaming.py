@@ -17,7 +17,7 @@ from bot.core.agent import Agent
 from bot.core.messages import Message, ToolCall
 from bot.core.models.base import ModelResponse, OnText, ToolSpec, Usage
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.tools import tool
 from bot.errors import ModelError
 from bot.gateway.contract import MessageEvent

@@ -24,13 +24,13 @@ from bot.core.human_handoff import TRANSFER_TO_HUMAN, transfer_to_human
 from bot.core.messages import Role
 from bot.core.models.base import ModelResponse
 from bot.core.models.scripted import RecordedCall, ScriptedModel
-from bot.core.postgres_store import PostgresSessionStore
 from bot.core.runner import Runner
-from bot.core.sqlite_store import SQLiteSessionStore
+from bot.core.stores.postgres import PostgresSessionStore
+from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.tools import FunctionTool, tool
 from bot.gateway.gateway import Gateway
 from bot.gateway.inbox import Inbox
-from bot.gateway.ledger import RECOVERED_MARKER
+from bot.gateway.ledger.obligations import RECOVERED_MARKER
 from bot.gateway.takeover import OPERATOR_NAME, OperatorDesk, TakenOverError, Takeovers
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.gateway.conftest import SECRET, Rig

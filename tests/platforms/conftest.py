@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.gateway.contract import MessageEvent
-from bot.platforms.telegram import TelegramAdapter
-from bot.platforms.whatsapp import WhatsAppAdapter
+from bot.platforms.telegram.adapter import TelegramAdapter
+from bot.platforms.whatsapp.adapter import WhatsAppAdapter
 from tests.fakes.telegram_server import FakeTelegramServer
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
 

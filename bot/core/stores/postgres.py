@@ -1,0 +1,437 @@
+"""PostgreSQL session store (asyncpg): the SQLite store's tables and rules, for several processes.
+
+Same tables, columns and semantics as ``SQLiteSessionStore`` (DESIGN §3.3):
+saves write only what changed, in one transaction, with the caller's ``also``
+hook inside it; a stale context cannot overwrite a newer turn; dedup claims are
+one ``INSERT ... ON CONFLICT`` on a unique key, so of any number of processes
+exactly one wins an id.
+
+Connections
+    Two asyncpg pools. The main pool runs transactions (each ``transaction()``
+    block holds one connection for its duration). The lock pool only holds
+    session locks: a turn keeps its lock connection while the model works, and
+    a separate pool means a process full of waiting turns can never starve the
+    turns that hold a lock of the connections they need to save.
+
+Per-session order across processes
+    ``session_lock`` takes the in-process lock first (coroutines of one process
+    queue locally), then a session-level ``pg_advisory_lock`` keyed by a 64-bit
+    hash of (database, schema, session id) on a lock-pool connection, held for
+    the whole turn. The server releases it when the holder's connection ends,
+    so a killed process never leaves a session locked (TCP keepalives, set per
+    connection, make it notice a dead host within ~25 s). Should a lock be lost
+    anyway (a network partition), the save's own check refuses a stale context
+    (``StorageError``), so two turns still cannot interleave.
+
+Migrations
+    The SQLite store's, from ``bot.core.stores.schema``: versioned in
+    ``chatflow_schema_versions`` (component ``session_store``; the gateway
+    records its own components there) and run under a transaction-scoped
+    advisory lock, so processes starting together migrate once and never
+    collide on ``CREATE TABLE``.
+
+Errors
+    asyncpg and connection errors become ``StorageError``; the DSN (it may hold
+    a password) never appears in a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+import asyncpg
+
+from bot.core.ids import validate_session_id
+from bot.core.session import DEFAULT_MAX_TURNS
+from bot.core.sql import (
+    advisory_key,
+    is_postgres_url,
+    qmark_to_dollar,
+    redact_dsn,
+    rowcount_from_status,
+)
+from bot.core.stores.base import DEFAULT_DEDUP_TTL_HOURS
+from bot.core.stores.cache import DEFAULT_CACHE_MESSAGES, VERSION_SQL, SessionCache
+from bot.core.stores.schema import SCHEMA_VERSION, ensure_session_schema_in
+from bot.core.stores.sql import DriverTransaction, SQLSessionStore
+from bot.errors import StorageError
+
+__all__ = [
+    "DEFAULT_MAX_LOCK_CONNECTIONS",
+    "DEFAULT_MAX_POOL",
+    "SCHEMA_VERSION",
+    "PostgresSessionStore",
+    "is_postgres_url",
+    "redact_dsn",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_POOL: Final = 10
+"""Connections of the main pool (transactions)."""
+DEFAULT_MAX_LOCK_CONNECTIONS: Final = 10
+"""Connections of the lock pool: the most session locks one store holds at once."""
+CONNECT_TIMEOUT_SECONDS: Final = 10.0
+"""How long opening one connection may take."""
+CLOSE_TIMEOUT_SECONDS: Final = 10.0
+"""How long ``close`` waits for borrowed connections before cutting them."""
+SERVER_SETTINGS: Final = {
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+}
+"""Per-connection server settings: the server notices within ~25 s that the host of a
+connection died (power loss, partition) and drops its locks; the default is hours."""
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    _Conn: TypeAlias = PoolConnectionProxy[asyncpg.Record]
+
+# What can go wrong talking to the server, translated to StorageError where it enters.
+_DB_ERRORS: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError) and not str(exc):
+        # A server (or a proxy in front of it) that accepts connections but never answers.
+        return (
+            f"no answer within {CONNECT_TIMEOUT_SECONDS:g} s: the server accepted the "
+            "connection but never completed the handshake"
+        )
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class _PgTransaction(DriverTransaction):
+    """The ``Transaction`` of ``PostgresSessionStore``: ``?`` SQL on one connection."""
+
+    __slots__ = ("_conn",)
+
+    dialect: Final = "postgres"
+    """Statements are PostgreSQL SQL, written with ``?`` placeholders."""
+
+    def __init__(self, conn: _Conn) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def _connection(self) -> _Conn:
+        if not self._active:
+            raise StorageError("this transaction has ended")
+        return self._conn
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; return the number of rows it changed (-1 if none apply)."""
+        conn = self._connection()
+        try:
+            status = await conn.execute(qmark_to_dollar(sql), *params)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL statement failed: {_describe(exc)}") from exc
+        return rowcount_from_status(status)
+
+    async def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per parameter set."""
+        conn = self._connection()
+        batch = [tuple(params) for params in seq_of_params]
+        if not batch:
+            return
+        try:
+            await conn.executemany(qmark_to_dollar(sql), batch)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL statement failed: {_describe(exc)}") from exc
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a query and return every row."""
+        conn = self._connection()
+        try:
+            rows = await conn.fetch(qmark_to_dollar(sql), *params)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
+        return [tuple(row) for row in rows]
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """Run a query and return its first row, or ``None`` (use ``LIMIT`` for big results)."""
+        conn = self._connection()
+        try:
+            row = await conn.fetchrow(qmark_to_dollar(sql), *params)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
+        return None if row is None else tuple(row)
+
+    async def _send_commit(self) -> None:
+        await self._conn.execute("COMMIT")
+
+    async def _rollback(self) -> None:
+        try:
+            await asyncio.shield(self._conn.execute("ROLLBACK"))
+        except (asyncio.CancelledError, *_DB_ERRORS):
+            # The connection's state is unknown: drop it rather than hand it back.
+            logger.warning("rolling back a session-store transaction failed; dropping it")
+            self._conn.terminate()
+
+    def _driver_error(self, exc: BaseException) -> str | None:
+        return _describe(exc) if isinstance(exc, _DB_ERRORS) else None
+
+
+class PostgresSessionStore(SQLSessionStore):
+    """Sessions, messages and dedup ids in PostgreSQL, shared by any number of processes.
+
+    ``dsn`` is a ``postgresql://`` (or ``postgres://``) URL; extra query
+    parameters are server settings (``?search_path=tenant_a`` keeps the tables
+    in that schema). Opens lazily on first use (or ``await store.open()``);
+    ``close()`` is final. Unknown keyword arguments raise ``TypeError``.
+    ``cache_messages`` bounds the committed windows kept in memory
+    (``bot.core.stores.cache``; 0 turns the cache off).
+    """
+
+    _FOR_SHARE = " FOR SHARE"
+    _FOR_UPDATE = " FOR UPDATE"
+    _PURGE_SQL = (
+        "DELETE FROM chatflow_processed_messages WHERE message_id IN ("
+        "SELECT message_id FROM chatflow_processed_messages WHERE processed_at < ? "
+        "ORDER BY processed_at LIMIT ? FOR UPDATE SKIP LOCKED)"
+    )
+
+    dialect = "postgres"
+
+    def __init__(
+        self,
+        dsn: str,
+        default_max_turns: int = DEFAULT_MAX_TURNS,
+        *,
+        dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
+        clock: Callable[[], datetime] | None = None,
+        min_pool: int = 1,
+        max_pool: int = DEFAULT_MAX_POOL,
+        max_lock_connections: int = DEFAULT_MAX_LOCK_CONNECTIONS,
+        cache_messages: int = DEFAULT_CACHE_MESSAGES,
+    ) -> None:
+        super().__init__(default_max_turns, dedup_ttl_hours=dedup_ttl_hours, clock=clock)
+        self._cache = SessionCache(cache_messages)
+        if not isinstance(dsn, str):
+            raise TypeError("dsn must be a str")
+        if not is_postgres_url(dsn):
+            raise ValueError("dsn must be a postgresql:// URL")
+        if not 0 <= min_pool <= max_pool or max_pool < 1:
+            raise ValueError("need 0 <= min_pool <= max_pool and max_pool >= 1")
+        if max_lock_connections < 1:
+            raise ValueError("max_lock_connections must be at least 1")
+        self._dsn = dsn
+        self._min_pool = min_pool
+        self._max_pool = max_pool
+        self._max_lock_connections = max_lock_connections
+        self._pool: asyncpg.Pool | None = None
+        self._lock_pool: asyncpg.Pool | None = None
+        self._closed = False
+        self._open_lock = asyncio.Lock()
+        self._lock_namespace = ""
+        # Tasks inside one of this store's transactions: their re-entry is refused,
+        # as on SQLite, so code written against either store behaves the same.
+        self._tx_tasks: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"<PostgresSessionStore {redact_dsn(self._dsn)}>"
+
+    # -- connection -----------------------------------------------------------------
+
+    @property
+    def _connected(self) -> bool:
+        return self._pool is not None
+
+    async def _open_connection(self) -> None:
+        await self._connect()
+
+    async def _connect(self) -> None:
+        try:
+            pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=self._min_pool,
+                max_size=self._max_pool,
+                timeout=CONNECT_TIMEOUT_SECONDS,
+                server_settings=SERVER_SETTINGS,
+            )
+        except _DB_ERRORS as exc:
+            raise StorageError(
+                f"cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: {_describe(exc)}"
+            ) from exc
+        try:
+            await self._migrate(pool)
+            lock_pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=0,
+                max_size=self._max_lock_connections,
+                timeout=CONNECT_TIMEOUT_SECONDS,
+                server_settings=SERVER_SETTINGS,
+            )
+        except BaseException as exc:
+            pool.terminate()
+            if isinstance(exc, _DB_ERRORS):
+                raise StorageError(f"cannot prepare the session tables: {_describe(exc)}") from exc
+            raise
+        self._pool = pool
+        self._lock_pool = lock_pool
+
+    async def _migrate(self, pool: asyncpg.Pool) -> None:
+        async with pool.acquire() as conn:
+            await conn.execute("BEGIN")
+            tx = _PgTransaction(conn)
+            async with self._settle(tx, None):
+                names = await tx.fetchone("SELECT current_database(), current_schema()")
+                database, schema = (None, None) if names is None else names
+                if schema is None:
+                    schema = await self._create_schema(conn)
+                    names = await tx.fetchone("SELECT current_database(), current_schema()")
+                    database = None if names is None else names[0]
+                self._lock_namespace = f"{database}|{schema}"
+                await ensure_session_schema_in(tx)
+
+    async def _create_schema(self, conn: _Conn) -> str:
+        """Create the first schema of ``search_path`` (``?search_path=tenant_a``): it names
+        where the operator wants the tables, and a new database has none of its own."""
+        path = str(await conn.fetchval("SHOW search_path"))
+        wanted = next(
+            (p.strip().strip('"') for p in path.split(",") if p.strip() not in ("", '"$user"')),
+            None,
+        )
+        if wanted is None:
+            raise StorageError("PostgreSQL has no schema to create tables in (set search_path)")
+        try:
+            await conn.execute("SAVEPOINT chatflow_schema")
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_identifier(wanted)}")
+        except asyncpg.PostgresError as exc:
+            await conn.execute("ROLLBACK TO SAVEPOINT chatflow_schema")
+            raise StorageError(
+                f"PostgreSQL schema {wanted!r} (search_path) does not exist and could not be "
+                f"created ({_describe(exc)}): create it with CREATE SCHEMA, or grant CREATE "
+                "on the database"
+            ) from exc
+        logger.info("created the PostgreSQL schema named in search_path")
+        return wanted
+
+    async def close(self) -> None:
+        """Close both pools; the store cannot be used afterwards. Idempotent."""
+        if asyncio.current_task() in self._tx_tasks:
+            raise StorageError("close() called inside the store's own transaction")
+        self._closed = True
+        async with self._open_lock:
+            pools = [p for p in (self._lock_pool, self._pool) if p is not None]
+            self._pool = self._lock_pool = None
+        for pool in pools:
+            try:
+                await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT_SECONDS)
+            except (TimeoutError, *_DB_ERRORS):
+                logger.warning("PostgreSQL pool did not close in time; cutting its connections")
+                pool.terminate()
+
+    async def _pools(self) -> tuple[asyncpg.Pool, asyncpg.Pool]:
+        await self.open()
+        pool, lock_pool = self._pool, self._lock_pool
+        if pool is None or lock_pool is None:
+            raise StorageError("the session store is closed")
+        return pool, lock_pool
+
+    @asynccontextmanager
+    async def _transaction(
+        self, *, write: bool = True, on_commit: Callable[[], None] | None = None
+    ) -> AsyncIterator[_PgTransaction]:
+        task = asyncio.current_task()
+        if task is not None and task in self._tx_tasks:
+            raise StorageError(
+                "the session store was used inside its own transaction; "
+                "run that SQL through the Transaction instead"
+            )
+        pool, _ = await self._pools()
+        try:
+            conn: _Conn = await pool.acquire()
+        except _DB_ERRORS as exc:
+            raise StorageError(f"cannot reach PostgreSQL: {_describe(exc)}") from exc
+        if task is not None:
+            self._tx_tasks.add(task)
+        try:
+            try:
+                await conn.execute("BEGIN" if write else "BEGIN READ ONLY")
+            except _DB_ERRORS as exc:
+                raise StorageError(f"cannot start a transaction: {_describe(exc)}") from exc
+            tx = _PgTransaction(conn)
+            async with self._settle(tx, on_commit):
+                yield tx
+        finally:
+            if task is not None:
+                self._tx_tasks.discard(task)
+            await self._release(pool, conn)
+
+    async def _release(self, pool: asyncpg.Pool, conn: _Conn) -> None:
+        try:
+            await asyncio.shield(pool.release(conn))
+        except (asyncio.CancelledError, *_DB_ERRORS):
+            conn.terminate()
+
+    # -- session locks ---------------------------------------------------------------
+
+    def _session_key(self, session_id: str) -> int:
+        return advisory_key(f"chatflow-session|{self._lock_namespace}|{session_id}")
+
+    @asynccontextmanager
+    async def session_lock(self, session_id: str) -> AsyncIterator[None]:
+        """Serialise turns of ``session_id`` across every process on this database.
+
+        Not re-entrant. Held as a session-level advisory lock on a connection of
+        the lock pool; the server drops it if this process dies.
+        """
+        validate_session_id(session_id)
+        async with self._session_locks.hold(session_id):
+            _, lock_pool = await self._pools()
+            key = self._session_key(session_id)
+            try:
+                conn: _Conn = await lock_pool.acquire()
+            except _DB_ERRORS as exc:
+                raise StorageError(f"cannot reach PostgreSQL: {_describe(exc)}") from exc
+            try:
+                await conn.execute("SELECT pg_advisory_lock($1)", key)
+            except BaseException as exc:
+                # Cancelled or failed while waiting: the lock may have been granted
+                # meanwhile, so the connection goes (and the server frees the lock).
+                conn.terminate()
+                await self._release(lock_pool, conn)
+                if isinstance(exc, _DB_ERRORS):
+                    raise StorageError(f"cannot lock the session: {_describe(exc)}") from exc
+                raise
+            try:
+                yield
+            finally:
+                try:
+                    await asyncio.shield(conn.execute("SELECT pg_advisory_unlock($1)", key))
+                except (asyncio.CancelledError, *_DB_ERRORS):
+                    conn.terminate()
+                await self._release(lock_pool, conn)
+
+    # -- sessions -------------------------------------------------------------------
+
+    def _is_unique_violation(self, exc: BaseException | None) -> bool:
+        return isinstance(exc, asyncpg.UniqueViolationError)
+
+    async def _read_version(self, session_id: str) -> tuple[Any, ...] | None:
+        # One autocommit read on a pooled connection: no BEGIN or COMMIT round trip.
+        task = asyncio.current_task()
+        if task is not None and task in self._tx_tasks:
+            return await super()._read_version(session_id)  # refuses the re-entry
+        pool, _ = await self._pools()
+        try:
+            conn: _Conn = await pool.acquire()
+        except _DB_ERRORS as exc:
+            raise StorageError(f"cannot reach PostgreSQL: {_describe(exc)}") from exc
+        try:
+            row = await conn.fetchrow(qmark_to_dollar(VERSION_SQL), session_id, session_id)
+        except _DB_ERRORS as exc:
+            raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
+        finally:
+            await self._release(pool, conn)
+        return None if row is None else tuple(row)

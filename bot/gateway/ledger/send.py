@@ -1,0 +1,412 @@
+"""The ledger around one send: record the reply owed, mark the attempt, record the outcome.
+
+A turn's reply is recorded in the turn's own transaction (tx 2, ``record_in``),
+so a committed turn always owes its reply. The send is then bracketed by
+``mark_attempting`` (unless the row was recorded ``claimed``) and
+``mark_delivered`` or ``mark_failed``. These marks are best effort: a storage
+failure is logged and never blocks a reply, and an outcome it kept out is held
+in memory until ``record_unrecorded`` writes it. Delivered marks are
+group-committed (one transaction for all marks buffered meanwhile); every read
+of sent ids or states flushes them first. Later status reports of the platform
+find their obligation through the sent message ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any, Final, Unpack
+
+from bot.core.sql import Transaction
+from bot.gateway.ledger.base import STORAGE_ERRORS, DeliveredMark, LedgerBase, logger
+from bot.gateway.ledger.obligations import (
+    MAX_ATTEMPTS,
+    RETRY_BACKOFF,
+    SENT_TABLE,
+    TABLE,
+    Obligation,
+    OwedFields,
+    attachments_json,
+    clip_error,
+)
+
+__all__ = ["SendMarks"]
+
+_LOOKUP_CHUNK: Final = 500
+"""Ids per ``IN (...)`` lookup: under SQLite's smallest limit on bound parameters."""
+
+
+class SendMarks(LedgerBase):
+    """Recording obligations and the outcome of each send (part of ``DeliveryLedger``)."""
+
+    # -- recording -------------------------------------------------------------
+
+    async def record_in(
+        self, tx: Transaction, obligation: Obligation, *, claimed: bool = False
+    ) -> bool:
+        """Record ``obligation`` (built with ``Obligation.owed``) as owed by this process in ``tx``.
+
+        The one way a row is recorded. Idempotent: an existing row with this id
+        (in any state, delivered included) is left untouched. Returns whether a
+        row was inserted. Errors propagate, so the turn's transaction rolls
+        back with them.
+
+        ``claimed``: recorded already ``attempting`` (one attempt counted) by this
+        process, for a caller that sends right after the commit without
+        ``mark_attempting``. Until the send's outcome is recorded the row then
+        says "may have been sent", so a crash at any point after the commit
+        resends with the marker, and a failed outcome write cannot leave a sent
+        reply looking unsent.
+        """
+        await self._ensure_open_in(tx)
+        now = self._now()
+        me = self._owner
+        o = obligation
+        if claimed:
+            o = o.claimed()
+        inserted = await tx.execute(
+            f"INSERT INTO {TABLE} (obligation_id, session_key, session_id, platform, chat_id, "
+            "thread_id, reply_to, message_ref, content, state, attempts, maybe_delivered, "
+            "last_error, owner_pid, owner_instance, owner_started, next_attempt_at, sent_ids, "
+            "created_at, fresh_since, updated_at, attachments) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, NULL, NULL, "
+            "?, ?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
+            (
+                o.obligation_id,
+                o.session_key,
+                o.session_id,
+                o.platform,
+                o.chat_id,
+                o.thread_id,
+                o.reply_to,
+                o.message_ref,
+                o.content,
+                o.state,
+                o.attempts,
+                me.pid,
+                me.instance_id,
+                me.started,
+                now,
+                now,
+                now,
+                attachments_json(o.attachments),
+            ),
+        )
+        return inserted == 1
+
+    async def record_obligation_in(self, tx: Transaction, **fields: Unpack[OwedFields]) -> bool:
+        """``record_in(tx, Obligation.owed(...))``: the reply recorded ``pending`` in ``tx``.
+
+        Errors propagate, so the turn's transaction rolls back with them.
+        """
+        return await self.record_in(tx, Obligation.owed(**fields))
+
+    async def record_obligation(self, **fields: Unpack[OwedFields]) -> bool:
+        """``record_in`` of a ``pending`` reply in its own transaction; best effort.
+
+        A storage failure is logged and returns ``False`` (the reply is still sent).
+        """
+
+        async def body(tx: Transaction) -> bool:
+            return await self.record_in(tx, Obligation.owed(**fields))
+
+        try:
+            return await self._store.run(body)
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("record", fields["obligation_id"], exc)
+            return False
+
+    # -- around a send -----------------------------------------------------------
+
+    async def mark_attempting(self, obligation_id: str) -> bool:
+        """Move a ``pending``/``failed`` row to ``attempting`` (attempts + 1, owner = us).
+
+        Returns whether the caller should send: ``False`` only when the row
+        exists and must not be sent now (delivered, abandoned, already being
+        attempted, attempts used up). A missing row or a storage failure is
+        logged and returns ``True``: the ledger never blocks a reply. Rows
+        returned by ``sweep_recoverable`` and ``due_retries`` are already
+        claimed; do not call this for them.
+        """
+        now = self._now()
+        me = self._owner
+        fence, fence_params = self._fence()
+
+        async def body(tx: Transaction) -> list[tuple[Any, ...]] | None:
+            changed = await tx.execute(
+                f"UPDATE {TABLE} SET state = 'attempting', attempts = attempts + 1, "
+                "owner_pid = ?, owner_instance = ?, owner_started = ?, "
+                "next_attempt_at = NULL, updated_at = ? "
+                "WHERE obligation_id = ? AND state IN ('pending', 'failed') AND attempts < ?"
+                + fence,
+                (
+                    me.pid,
+                    me.instance_id,
+                    me.started,
+                    now,
+                    obligation_id,
+                    MAX_ATTEMPTS,
+                    *fence_params,
+                ),
+            )
+            if changed == 1:
+                return None
+            return await tx.fetchall(
+                f"SELECT state, attempts FROM {TABLE} WHERE obligation_id = ?",
+                (obligation_id,),
+            )
+
+        try:
+            rows = await self._run(body)
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("mark attempting", obligation_id, exc)
+            return True
+        if rows is None:
+            return True  # claimed
+        if not rows:
+            logger.warning("obligation %s is not in the ledger; sending anyway", obligation_id)
+            return True
+        logger.info(
+            "obligation %s not sent: it is %s after %d attempt(s)",
+            obligation_id,
+            rows[0][0],
+            rows[0][1],
+        )
+        return False
+
+    async def mark_delivered(
+        self,
+        obligation_id: str,
+        message_ids: Sequence[str] = (),
+        *,
+        platform: str | None = None,
+        wait: bool = True,
+    ) -> bool:
+        """Record a successful send and the platform ids of its parts; best effort.
+
+        The mark is group-committed: it joins the next transaction of delivered
+        marks, which writes every mark buffered meanwhile. ``platform`` (the
+        obligation's) spares the row lookup. With ``wait`` it returns once
+        committed, whether the row was updated (``False`` for a missing row or a
+        storage failure, which is logged and retried by ``record_unrecorded``);
+        without it returns ``True`` at once, and a crash before the commit leaves
+        the row ``attempting``: resent with the marker.
+        """
+        ids = [str(m) for m in message_ids]
+        mark = DeliveredMark(obligation_id, ids, platform, check=wait or platform is None)
+        round_ = self._queue_delivered(mark)
+        if not wait:
+            return True
+        await asyncio.shield(round_.done)
+        return obligation_id in round_.written
+
+    async def _write_delivered(self, marks: Sequence[DeliveredMark]) -> set[str]:
+        """Write ``marks`` in one transaction: one statement for the states, one for the ids.
+
+        Only marks with ``check`` are looked up (one query per chunk); the rest
+        come from ``Outbox.send`` for a row it holds, so they are written blind.
+        """
+        now = self._now()
+
+        async def body(tx: Transaction) -> set[str]:
+            known: dict[str, str] = {}
+            asked = [m.obligation_id for m in marks if m.check]
+            for start in range(0, len(asked), _LOOKUP_CHUNK):
+                chunk = asked[start : start + _LOOKUP_CHUNK]
+                rows = await tx.fetchall(
+                    f"SELECT obligation_id, platform FROM {TABLE} "
+                    f"WHERE obligation_id IN ({', '.join('?' * len(chunk))})",
+                    chunk,
+                )
+                known.update((str(r[0]), str(r[1])) for r in rows)
+            written: list[tuple[DeliveredMark, str]] = []
+            for m in marks:
+                if m.check and m.obligation_id not in known:
+                    logger.warning("delivered obligation %s is not in the ledger", m.obligation_id)
+                    continue
+                platform = m.platform if m.platform is not None else known[m.obligation_id]
+                written.append((m, platform))
+            if written:
+                await tx.executemany(
+                    f"UPDATE {TABLE} SET state = 'delivered', sent_ids = ?, "
+                    "next_attempt_at = NULL, updated_at = ? WHERE obligation_id = ?",
+                    [(json.dumps(m.message_ids), now, m.obligation_id) for m, _ in written],
+                )
+            sent = [(p, i, m.obligation_id) for m, p in written for i in m.message_ids]
+            if sent:
+                await tx.executemany(
+                    f"INSERT INTO {SENT_TABLE} (platform, message_id, obligation_id) "
+                    "VALUES (?, ?, ?) ON CONFLICT(platform, message_id) DO NOTHING",
+                    sent,
+                )
+            return {m.obligation_id for m, _ in written}
+
+        return await self._run(body)
+
+    async def mark_failed(
+        self,
+        obligation_id: str,
+        error: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        ambiguous: bool = False,
+    ) -> bool:
+        """Record a failed send; best effort.
+
+        - ``retry_after`` given (the platform said "wait"): ``failed``, the
+          attempt is refunded, due again after ``retry_after`` seconds;
+        - ``retryable``: ``failed``, due after ``RETRY_BACKOFF``; ``abandoned``
+          once ``MAX_ATTEMPTS`` attempts are used;
+        - otherwise ``abandoned`` (logged with the reason).
+
+        ``ambiguous`` (the send may have arrived) sets ``maybe_delivered`` for
+        good, so any resend carries the marker. Returns whether the row was
+        updated; a delivered or abandoned row is left as it is.
+        """
+        if self._buffered(obligation_id):
+            await self.flush()  # a delivered mark still buffered decides first, as written
+        now = self._now()
+        error = clip_error(error)
+        fence, fence_params = self._fence()
+
+        async def body(tx: Transaction) -> tuple[bool, str, str, str]:
+            """(updated, new state, error, platform) of the row."""
+            rows = await tx.fetchall(
+                f"SELECT state, attempts, platform FROM {TABLE} WHERE obligation_id = ?",
+                (obligation_id,),
+            )
+            if not rows:
+                logger.warning("failed obligation %s is not in the ledger", obligation_id)
+                return False, "", error, ""
+            state, attempts, platform = str(rows[0][0]), int(rows[0][1]), str(rows[0][2])
+            if state in ("delivered", "abandoned"):
+                return False, state, error, platform
+            maybe = 1 if ambiguous else None
+            noted = error
+            if retry_after is not None:
+                new_state, attempts = "failed", max(attempts - 1, 0)
+                next_at: float | None = now + max(float(retry_after), 0.0)
+            elif retryable and attempts < MAX_ATTEMPTS:
+                delay = RETRY_BACKOFF[min(max(attempts - 1, 0), len(RETRY_BACKOFF) - 1)]
+                new_state, next_at = "failed", now + delay
+            else:
+                new_state, next_at = "abandoned", None
+                if retryable:
+                    noted = clip_error(f"{error} (gave up after {attempts} attempts)")
+            changed = await tx.execute(
+                f"UPDATE {TABLE} SET state = ?, attempts = ?, last_error = ?, "
+                "next_attempt_at = ?, maybe_delivered = COALESCE(?, maybe_delivered), "
+                "updated_at = ? WHERE obligation_id = ? AND state = ?" + fence,
+                (
+                    new_state,
+                    attempts,
+                    noted,
+                    next_at,
+                    maybe,
+                    now,
+                    obligation_id,
+                    state,
+                    *fence_params,
+                ),
+            )
+            if changed != 1 and self._fenced:
+                logger.info(
+                    "obligation %s was taken over by another process; its failure here "
+                    "is not recorded",
+                    obligation_id,
+                )
+                return False, state, noted, platform
+            return True, new_state, noted, platform
+
+        try:
+            updated, new_state, noted, platform = await self._run(body)
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("mark failed", obligation_id, exc)
+            self._unrecorded[obligation_id] = lambda: self.mark_failed(
+                obligation_id,
+                error,
+                retryable=retryable,
+                retry_after=retry_after,
+                ambiguous=ambiguous,
+            )
+            return False
+        self._unrecorded.pop(obligation_id, None)
+        if updated and new_state == "abandoned":
+            logger.warning("obligation %s abandoned: %s", obligation_id, noted)
+            self._abandoned(platform)
+        return updated
+
+    @property
+    def unrecorded(self) -> int:
+        """Send outcomes waiting to be written (a storage failure kept them out)."""
+        return len(self._unrecorded)
+
+    async def record_unrecorded(self) -> int:
+        """Write the send outcomes a storage failure kept out; returns how many still wait.
+
+        Delivered marks go back into the buffer and are committed together.
+        """
+        for obligation_id, write in list(self._unrecorded.items()):
+            if self._unrecorded.get(obligation_id) is write:
+                del self._unrecorded[obligation_id]
+                await write()  # on failure it puts itself back
+        await self.flush()
+        return len(self._unrecorded)
+
+    # -- platform status reports ------------------------------------------------------
+
+    async def find_by_sent_id(
+        self, platform_message_id: str, *, platform: str | None = None
+    ) -> str | None:
+        """The obligation whose delivery produced ``platform_message_id`` (a WhatsApp wamid).
+
+        ``platform`` narrows the lookup (Telegram message ids are only unique
+        per chat). Best effort: ``None`` when unknown or on a storage failure.
+        Buffered delivered marks are committed first, so a just-sent id is found.
+        """
+        await self.flush()
+        sql = f"SELECT obligation_id FROM {SENT_TABLE} WHERE message_id = ?"
+        params: tuple[str, ...] = (platform_message_id,)
+        if platform is not None:
+            sql += " AND platform = ?"
+            params += (platform,)
+
+        async def body(tx: Transaction) -> list[tuple[object, ...]]:
+            return await tx.fetchall(sql + " LIMIT 1", params)
+
+        try:
+            rows = await self._run(body, write=False)
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("look up a sent message of", "(any)", exc)
+            return None
+        return str(rows[0][0]) if rows else None
+
+    async def status_failed(
+        self, platform_message_id: str, error: str, *, platform: str | None = None
+    ) -> str | None:
+        """Log a platform's later "failed" status for a sent message against its obligation.
+
+        The row stays ``delivered`` (the platform accepted the send) but its
+        ``last_error`` records the report. Returns the obligation id, or
+        ``None`` when the message is not one of ours.
+        """
+        obligation_id = await self.find_by_sent_id(platform_message_id, platform=platform)
+        if obligation_id is None:
+            logger.info("failed status for a message the ledger does not know")
+            return None
+        logger.warning("platform reported obligation %s as not delivered: %s", obligation_id, error)
+        note = clip_error(f"platform status failed: {error}")
+
+        async def body(tx: Transaction) -> None:
+            await tx.execute(
+                f"UPDATE {TABLE} SET last_error = ?, updated_at = ? WHERE obligation_id = ?",
+                (note, self._now(), obligation_id),
+            )
+
+        try:
+            await self._store.run(body)
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("note a failed status of", obligation_id, exc)
+        return obligation_id
