@@ -12,7 +12,7 @@ import httpx
 from bot.agents_loader import LoadedAgents, load_agents
 from bot.app import open_store
 from bot.config import Settings
-from bot.core.mcp.lifecycle import servers_of
+from bot.core.agent import servers_of
 from bot.core.mcp.servers import MCPServer
 from bot.core.models.routing import ModelSettings, default_model_name, route_model
 from bot.data_dir import ensure_data_dir

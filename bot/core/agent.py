@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ from bot.core.mcp.servers import MCPServer
 from bot.core.mcp.tools import MCPTool
 from bot.core.models.base import ToolSpec
 from bot.core.tools import FunctionTool, ToolContext, tool
+from bot.errors import ConfigurationError
 
 __all__ = [
     "HANDOFF_PREFIX",
@@ -20,7 +21,9 @@ __all__ = [
     "FunctionTool",
     "HandoffTool",
     "ToolContext",
+    "check_tool_names",
     "handoff_tool_name",
+    "servers_of",
     "snake_case",
     "tool",
 ]
@@ -235,3 +238,36 @@ class Agent:
                     found.append(target)
             index += 1
         return found
+
+
+def servers_of(agents: Iterable[Agent]) -> list[MCPServer]:
+    """Every distinct MCP server the agents use, in order of first use."""
+    found: list[MCPServer] = []
+    seen: set[int] = set()
+    for agent in agents:
+        for server in agent.mcp_servers:
+            if id(server) not in seen:
+                seen.add(id(server))
+                found.append(server)
+    return found
+
+
+def check_tool_names(agents: Iterable[Agent]) -> None:
+    """Raise ``ConfigurationError`` for an MCP tool whose name an agent already uses.
+
+    The message names both tools and where each comes from.
+    """
+    for agent in agents:
+        owners: dict[str, str] = {t.name: f"function tool {t.name!r}" for t in agent.function_tools}
+        for handoff in agent.handoff_tools:
+            owners[handoff.name] = f"handoff {handoff.name!r} (to {handoff.target.name!r})"
+        for server in agent.mcp_servers:
+            for item in server.tools:
+                here = f"MCP server {server.name!r} tool {item.mcp_name!r}"
+                other = owners.get(item.name)
+                if other is not None:
+                    raise ConfigurationError(
+                        f"Agent {agent.name!r}: {here} is offered as {item.name!r}, "
+                        f"which clashes with {other}"
+                    )
+                owners[item.name] = here

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-from bot.core.agent import HANDOFF_PREFIX, Agent, HandoffTool
+from bot.core.agent import HANDOFF_PREFIX, Agent, HandoffTool, check_tool_names, servers_of
 from bot.core.attachments import OutgoingPart, ToolFiles, ToolOutput
 from bot.core.ids import log_session_id
-from bot.core.mcp.lifecycle import check_tool_names, close_servers, connect_servers, servers_of
+from bot.core.mcp.lifecycle import close_servers, connect_servers
 from bot.core.mcp.servers import MCPServer
 from bot.core.messages import ImagePart, Message, MessagePart, Role, ToolCall
 from bot.core.models.base import ChatModel, ModelResponse, Usage, current_agent_name

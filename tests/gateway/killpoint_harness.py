@@ -44,7 +44,7 @@ from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
-from bot.gateway.ledger.base import DeliveredMark
+from bot.gateway.ledger.core import DeliveredMark
 
 
 def die() -> None:

@@ -26,7 +26,7 @@ from bot.gateway.gateway import Gateway, Replies
 from bot.gateway.instances import Owner
 from bot.gateway.keys import session_id_for
 from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.ledger.base import DeliveredMark
+from bot.gateway.ledger.core import DeliveredMark
 from bot.gateway.ledger.obligations import RECOVERED_MARKER, Obligation
 from bot.platforms.base import SendResult
 from tests.fakes.adapter import FakeAdapter, make_event

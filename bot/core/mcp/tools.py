@@ -20,7 +20,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 # The ``@tool`` schema helpers: one way to inline definitions for every tool.
 from bot.core._schema import _inline_refs, _is_recursive, object_parameters, plain_copy
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     import jsonschema
     import mcp_types as types
 
-    from bot.core.mcp.connection import MCPServer
-
 __all__ = [
     "DEFAULT_MAX_IMAGES",
     "DEFAULT_MAX_IMAGE_BYTES",
@@ -44,6 +42,7 @@ __all__ = [
     "META_SESSION_ID",
     "MCPTool",
     "ToolFilterStatic",
+    "ToolServer",
     "build_tools",
     "check_tool_filter",
     "check_tool_name_prefix",
@@ -302,6 +301,26 @@ def render_result(
     return ToolOutput(text, images) if images else text
 
 
+class ToolServer(Protocol):
+    """What an ``MCPTool`` needs of its server: a name for messages, and the call.
+
+    ``bot.core.mcp.connection.MCPServer`` is one; typing against this protocol
+    keeps the arrow one way (the connection knows its tools, the tools know
+    only this).
+    """
+
+    @property
+    def name(self) -> str:
+        """The server's name, as the operator gave it."""
+        ...
+
+    async def call_tool(
+        self, tool: MCPTool, arguments: dict[str, Any], meta: Mapping[str, Any]
+    ) -> str | ToolOutput:
+        """Call ``tool`` with ``arguments``; every failure is an error result."""
+        ...
+
+
 @dataclass(frozen=True, eq=False)
 class MCPTool:
     """One tool of an MCP server, as the runner offers and calls it."""
@@ -314,7 +333,7 @@ class MCPTool:
     """What it does, for the model."""
     params_json_schema: Mapping[str, Any]
     """The schema the model sees (``clean_schema`` of the server's)."""
-    server: MCPServer = field(repr=False)
+    server: ToolServer = field(repr=False)
     """The server that runs it."""
     input_schema: Mapping[str, Any] = field(repr=False, default_factory=dict)
     """The server's own schema, arguments are checked against it before the call."""
@@ -375,7 +394,7 @@ def _task_only(item: types.Tool) -> bool:
 
 
 def build_tools(
-    server: MCPServer,
+    server: ToolServer,
     listed: Iterable[types.Tool],
     *,
     allowed: frozenset[str] | None = None,

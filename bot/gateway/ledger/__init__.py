@@ -35,20 +35,20 @@ updates a process makes around its own sends are guarded by owner, so a
 process that stalled past its lease cannot undo the work of the one that took
 its rows over.
 
-Layout. ``DeliveryLedger`` is one class composed of mixins that share one
-state (``LedgerBase``: store, owner, liveness, the unrecorded outcomes), one
-module per concept:
+Layout, one module per concept:
 
 - ``bot.gateway.ledger.obligations``: the ``Obligation`` record, its id, states,
   limits, table layout and row decoding;
-- ``bot.gateway.ledger.base``: the shared state, schema, fencing and logging;
-- ``bot.gateway.ledger.send``: recording and the marks around one send;
-- ``bot.gateway.ledger.sweep``: sweeps, claims, due retries and pruning;
+- ``bot.gateway.ledger.core``: ``LedgerCore``, the rows' state machine around one
+  send (recording, the marks, group-committed delivered marks, fencing) and
+  the state every part shares;
+- ``bot.gateway.ledger.sweep``: what a (re)start does with the rows: sweeps,
+  claims, due retries and pruning;
 - ``bot.gateway.ledger.admin``: the operator's queries and actions.
 
-Mixins rather than delegation because the parts share every piece of state
-and call each other's helpers (``_settle``, ``_abandoned``): one object keeps
-``DeliveryLedger`` the single public type, with the same methods as before.
+``DeliveryLedger`` is ``LedgerCore`` with the recovery and the operator's parts
+on top: one public type with every method, because the parts share every piece
+of state and the core's helpers (``_settle``, ``_abandoned``, ``flush``).
 Import the public names from here.
 """
 
@@ -67,7 +67,6 @@ from bot.gateway.ledger.obligations import (
     ObligationState,
     compute_obligation_id,
 )
-from bot.gateway.ledger.send import SendMarks
 from bot.gateway.ledger.sweep import Recovery
 
 __all__ = [
@@ -87,7 +86,7 @@ __all__ = [
 ]
 
 
-class DeliveryLedger(SendMarks, Recovery, LedgerAdmin):
+class DeliveryLedger(Recovery, LedgerAdmin):
     """Obligations in the session store's database (``chatflow_delivery_obligations``).
 
     ``DeliveryLedger(store, *, clock=None, owner=None, liveness=None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from bot.gateway.instances import Owner
-from bot.gateway.ledger.base import LedgerBase, logger
+from bot.gateway.ledger.core import LedgerCore, logger
 from bot.gateway.ledger.obligations import (
     COLUMNS,
     STATES,
@@ -27,7 +27,7 @@ _NOBODY: Final = Owner(0, "")
 """Owner of rows the operator re-queued: nobody, so any sweep may claim them."""
 
 
-class LedgerAdmin(LedgerBase):
+class LedgerAdmin(LedgerCore):
     """Operator queries and actions (part of ``DeliveryLedger``); errors propagate."""
 
     async def get(self, obligation_id: str) -> Obligation | None:

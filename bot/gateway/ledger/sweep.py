@@ -17,7 +17,7 @@ from typing import Any
 
 from bot.core.sql import Transaction
 from bot.gateway.instances import Owner, to_epoch
-from bot.gateway.ledger.base import STORAGE_ERRORS, LedgerBase, logger
+from bot.gateway.ledger.core import STORAGE_ERRORS, LedgerCore, logger
 from bot.gateway.ledger.obligations import (
     COLUMNS,
     MAX_ATTEMPTS,
@@ -36,7 +36,7 @@ __all__ = ["Recovery"]
 _BATCH = 100
 
 
-class Recovery(LedgerBase):
+class Recovery(LedgerCore):
     """Sweeps, claims, retries and pruning (part of ``DeliveryLedger``)."""
 
     async def due_retries(self, now: datetime | None = None) -> list[Obligation]:

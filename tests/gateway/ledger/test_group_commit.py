@@ -11,7 +11,7 @@ import pytest
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import StorageError
 from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.ledger.base import DeliveredMark
+from bot.gateway.ledger.core import DeliveredMark
 from bot.gateway.ledger.obligations import Obligation
 from bot.gateway.outbox import Outbox
 from bot.metrics import Metrics
