@@ -22,9 +22,10 @@ from bot.core import models
         ),
     ],
 )
-def test_the_openai_sdk_is_not_imported(code: str) -> None:
+def test_the_openai_sdk_and_asyncpg_are_not_imported(code: str) -> None:
+    check = "import sys; assert 'openai' not in sys.modules; assert 'asyncpg' not in sys.modules"
     result = subprocess.run(
-        [sys.executable, "-c", f"{code}; import sys; assert 'openai' not in sys.modules"],
+        [sys.executable, "-c", f"{code}; {check}"],
         capture_output=True,
         text=True,
         timeout=60,
