@@ -29,28 +29,13 @@ from telegram.error import BadRequest, TelegramError
 
 from bot.errors import MediaError, PlatformError
 from bot.gateway.contract import MediaAttachment
+from bot.platforms.media_errors import media_gone, media_too_big
 from bot.platforms.telegram.errors import translate_error
 from bot.platforms.telegram.mapping import PLATFORM
 
 __all__ = ["FileDownloads", "fetch_file"]
 
 logger = logging.getLogger(__name__)
-
-_NOUN = {"image": "photo", "voice": "voice note", "audio": "audio file"}
-
-
-def _noun(media: MediaAttachment) -> str:
-    return _NOUN.get(media.kind, "file")
-
-
-def _too_big(media: MediaAttachment, max_bytes: int) -> MediaError:
-    return MediaError(
-        f"Your {_noun(media)} is too big for me (the limit is {max_bytes / (1024 * 1024):g} MB)."
-    )
-
-
-def _gone(media: MediaAttachment) -> MediaError:
-    return MediaError(f"I couldn't download your {_noun(media)}; please send it again.")
 
 
 class FileDownloads:
@@ -87,17 +72,17 @@ async def fetch_file(
         file = await bot.get_file(media.file_id)
     except BadRequest as exc:
         if "too big" in str(exc).lower():
-            raise _too_big(media, max_bytes) from exc
+            raise media_too_big(media, max_bytes) from exc
         logger.debug("Telegram getFile refused: %s", type(exc).__name__)
-        raise _gone(media) from exc
+        raise media_gone(media) from exc
     except TelegramError as exc:
         raise translate_error(exc, token=token) from exc
     if file.file_size is not None and file.file_size > max_bytes:
-        raise _too_big(media, max_bytes)
+        raise media_too_big(media, max_bytes)
     location = file.file_path
     if not location:
         logger.info("Telegram getFile answered no file path")
-        raise _gone(media)
+        raise media_gone(media)
     if not location.startswith(("http://", "https://")):
         return await asyncio.to_thread(_read_local, Path(location), media, max_bytes)
     try:
@@ -130,13 +115,13 @@ async def _stream(
             )
         if response.status_code >= 400:
             logger.info("Telegram file download answered HTTP %d", response.status_code)
-            raise _gone(media)
+            raise media_gone(media)
         chunks: list[bytes] = []
         total = 0
         async for chunk in response.aiter_bytes():
             total += len(chunk)
             if total > max_bytes:
-                raise _too_big(media, max_bytes)
+                raise media_too_big(media, max_bytes)
             chunks.append(chunk)
     return b"".join(chunks)
 
@@ -147,7 +132,7 @@ def _read_local(path: Path, media: MediaAttachment, max_bytes: int) -> bytes:
             data = handle.read(max_bytes + 1)
     except OSError as exc:
         logger.info("Telegram local file unreadable: %s", type(exc).__name__)
-        raise _gone(media) from exc
+        raise media_gone(media) from exc
     if len(data) > max_bytes:
-        raise _too_big(media, max_bytes)
+        raise media_too_big(media, max_bytes)
     return data

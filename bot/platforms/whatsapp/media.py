@@ -29,6 +29,7 @@ from pywa_async.errors import WhatsAppError
 
 from bot.errors import ConfigurationError, MediaError, PlatformError
 from bot.gateway.contract import MediaAttachment
+from bot.platforms.media_errors import media_gone, media_too_big
 from bot.platforms.whatsapp.errors import RETRYABLE_CODES
 from bot.platforms.whatsapp.payload import PLATFORM
 
@@ -39,8 +40,6 @@ logger = logging.getLogger(__name__)
 META_MEDIA_HOSTS = ("lookaside.fbsbx.com", "*.fbcdn.net", "*.whatsapp.net")
 """Where Meta's media lookups point (https only); ``*.`` matches any subdomain."""
 _MAX_REDIRECTS = 3
-_NOUN = {"image": "photo", "voice": "voice note", "audio": "audio file"}
-
 Origin = tuple[str, str, int]
 """``(scheme, host, port)``."""
 
@@ -107,20 +106,6 @@ def _bad_entry(entry: str) -> ConfigurationError:
     )
 
 
-def _noun(media: MediaAttachment) -> str:
-    return _NOUN.get(media.kind, "file")
-
-
-def _too_big(media: MediaAttachment, max_bytes: int) -> MediaError:
-    return MediaError(
-        f"Your {_noun(media)} is too big for me (the limit is {max_bytes / (1024 * 1024):g} MB)."
-    )
-
-
-def _gone(media: MediaAttachment) -> MediaError:
-    return MediaError(f"I couldn't download your {_noun(media)}; please send it again.")
-
-
 async def fetch_media(
     wa: WhatsApp,
     media: MediaAttachment,
@@ -136,7 +121,7 @@ async def fetch_media(
         raise MediaError("That message has no file I can download.")
     url, size = await _lookup(wa, media)
     if size is not None and size > max_bytes:
-        raise _too_big(media, max_bytes)
+        raise media_too_big(media, max_bytes)
     try:
         return await _download(http, hosts, url, media, max_bytes)
     except httpx.HTTPError as exc:
@@ -159,7 +144,7 @@ async def _lookup(wa: WhatsApp, media: MediaAttachment) -> tuple[httpx.URL, int 
                 retryable=True,
                 code=exc.code,
             ) from exc
-        raise _gone(media) from exc  # an unknown or expired media id: ask again
+        raise media_gone(media) from exc  # an unknown or expired media id: ask again
     except httpx.HTTPError as exc:
         raise PlatformError(
             "could not reach WhatsApp for the media", platform=PLATFORM, retryable=True
@@ -171,7 +156,7 @@ async def _lookup(wa: WhatsApp, media: MediaAttachment) -> tuple[httpx.URL, int 
         url = None
     if url is None or not url.is_absolute_url:
         logger.warning("WhatsApp media lookup answered without a usable URL")
-        raise _gone(media)
+        raise media_gone(media)
     size = answer.get("file_size")
     return url, size if isinstance(size, int) and not isinstance(size, bool) else None
 
@@ -193,7 +178,7 @@ async def _download(
                 url.scheme,
                 url.host,
             )
-            raise _gone(media)
+            raise media_gone(media)
         request = http.build_request("GET", url)
         if not with_token:
             request.headers.pop("Authorization", None)
@@ -207,16 +192,16 @@ async def _download(
                 continue
             if response.status_code >= 400:
                 logger.info("WhatsApp media download answered HTTP %d", response.status_code)
-                raise _gone(media)
+                raise media_gone(media)
             chunks: list[bytes] = []
             total = 0
             async for chunk in response.aiter_bytes():
                 total += len(chunk)
                 if total > max_bytes:
-                    raise _too_big(media, max_bytes)
+                    raise media_too_big(media, max_bytes)
                 chunks.append(chunk)
             return b"".join(chunks)
         finally:
             await response.aclose()
     logger.info("WhatsApp media download redirected more than %d times", _MAX_REDIRECTS)
-    raise _gone(media)
+    raise media_gone(media)
