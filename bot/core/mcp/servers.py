@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from urllib.parse import urlsplit
 
+from bot.core.mcp.child_stderr import ChildStderr
 from bot.core.mcp.connection import DEFAULT_CONNECT_TIMEOUT, MCPServer, MCPServerStatus
 from bot.core.mcp.retry import is_connection_closed, reason
 from bot.core.mcp.tools import (
@@ -159,6 +160,7 @@ class MCPServerStdio(MCPServer):
         self._env = env
         self._cwd = params.get("cwd")
         self._encoding = params.get("encoding", "utf-8")
+        self._last_words: str | None = None
 
     def describe(self) -> str:
         """``stdio: <command> <args>``, credentials in the arguments masked (``mask_args``);
@@ -166,15 +168,37 @@ class MCPServerStdio(MCPServer):
         return "stdio: " + " ".join([self._command, *mask_args(self._args)])
 
     def _target(self) -> Any:
-        from mcp import StdioServerParameters
+        return self._transport()
 
-        return StdioServerParameters(
+    @contextlib.asynccontextmanager
+    async def _transport(self) -> AsyncIterator[Any]:
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        params = StdioServerParameters(
             command=self._command,
             args=self._args,
             env=self._env or None,
             cwd=self._cwd,
             encoding=self._encoding,
         )
+        stderr = ChildStderr()
+        self._last_words = None
+        await stderr.start()
+        try:
+            async with stdio_client(params, errlog=stderr.file) as streams:
+                yield streams
+        finally:
+            await stderr.close()
+            self._last_words = stderr.last_line()
+
+    def _failure_reason(self, exc: BaseException) -> str:
+        """What the child said last on stderr (a traceback's last line, usually), with
+        what the protocol saw: "Connection closed" alone tells the operator nothing."""
+        said = reason(exc)
+        if self._last_words is None:
+            return said
+        return f"{self._last_words} (the server's last words on stderr; {said})"
 
 
 class MCPServerStreamableHttpParams(TypedDict):

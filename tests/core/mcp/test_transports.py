@@ -306,3 +306,24 @@ def test_the_default_name_never_takes_a_secret_argument() -> None:
     server = MCPServerStdio(params={"command": "crm-mcp", "args": ["--token", SECRET, "serve"]})
     assert server.name == "crm-mcp serve"
     assert SECRET not in server.describe()
+
+
+async def test_a_stdio_server_that_dies_at_start_is_explained_by_its_last_stderr_line(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """D4 of the newcomer report: `"command": "python"` started a Python without `mcp`."""
+    server = MCPServerStdio(
+        params={"command": sys.executable, "args": ["-c", "import crm_server_missing_module"]},
+        name="crm",
+        connect_timeout_seconds=20,
+    )
+    with pytest.raises(MCPServerError) as caught:
+        await server.connect()
+    message = str(caught.value)
+    assert message.startswith(
+        "MCP server 'crm' failed to start: ModuleNotFoundError: No module named "
+        "'crm_server_missing_module' (the server's last words on stderr; "
+    )
+    assert "\n" not in message
+    # What the child printed still reaches the operator's terminal, as it always did.
+    assert "Traceback" in capfd.readouterr().err
