@@ -1,7 +1,9 @@
 """The example agents: a front desk that routes to two specialists.
 
-The bot imports ``starting_agent`` from the module named by ``AGENTS_MODULE``
-(default: this package). The graph is hub and spoke::
+The bot imports ``starting_agent`` from ``AGENTS_MODULE`` when it is set, else
+from the ``agents/`` folder of its working directory (this one, in a checkout),
+else from the examples it ships (this package, as ``bot.example_agents``). The
+graph is hub and spoke::
 
     Triage ──> Order Tracking ──> Triage
            └─> Billing        ──> Triage
