@@ -232,15 +232,22 @@ async def test_work_of_a_process_whose_lease_expires_is_taken_over(stores: Store
         assert await ledger_b.sweep_recoverable() == []
         await asyncio.sleep(LEASE * 1.5)  # a span of time is the point here, not a wait
         assert await ledger_b.sweep_recoverable() == []
-        # a stops renewing (frozen, or killed without a goodbye).
-        assert reg_a._task is not None
-        reg_a._task.cancel()
+        # a stops renewing (frozen, or killed without a goodbye). Its renewals stop
+        # reaching the database; cancelling its task instead could cut a renewal off in
+        # the middle of its transaction, which a frozen process never does.
+        renew = reg_a.renew
+
+        async def frozen() -> bool:
+            return True
+
+        reg_a.renew = frozen  # type: ignore[method-assign]
         await until(lambda: _dead(reg_b, reg_a.owner), within=LEASE * 10)
         (taken,) = await ledger_b.sweep_recoverable()
         assert taken.obligation_id == oid
         assert taken.needs_marker  # a may have sent it already
         assert taken.outgoing_text.startswith(RECOVERED_MARKER)
         # When a comes back it renews an expired lease and says so; the row stays b's.
+        reg_a.renew = renew  # type: ignore[method-assign]
         assert not await reg_a.renew()
         assert not await ledger_a.mark_attempting(oid)
     finally:
