@@ -351,5 +351,10 @@ class CommitCounter:
                 self.rollbacks += 1
                 self._in_tx = False
                 return
-            if self._in_tx and self._label is None:
+            # A group commit opens each body with a SAVEPOINT: label by the first body's SQL.
+            if (
+                self._in_tx
+                and self._label is None
+                and not head.startswith(("SAVEPOINT", "RELEASE"))
+            ):
                 self._label = _label(sql)

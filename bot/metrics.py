@@ -81,6 +81,15 @@ class Metrics:
         )
         # Read at each scrape (the gateway sets the function), never a stale last value.
         self.queued = Gauge("chatflow_queued_messages", "Messages waiting for a worker", registry=r)
+        self._in_by_platform: dict[str, Counter] = {}
+
+    def count_in(self, platform: str) -> None:
+        """Count one accepted message of ``platform`` in ``messages_in``."""
+        # Once per message: ``labels()`` checks and locks on every call, a bound child does not.
+        child = self._in_by_platform.get(platform)
+        if child is None:
+            child = self._in_by_platform[platform] = self.messages_in.labels(platform)
+        child.inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -416,7 +416,7 @@ class Gateway:
             self.metrics.dedup_hits.labels(platform).inc()
             logger.info("duplicate %s message dropped (session %s)", platform, session_id)
             return False
-        self.metrics.messages_in.labels(platform).inc()
+        self.metrics.count_in(platform)
         return True
 
     async def _is_poison(self, message_id: str) -> bool:

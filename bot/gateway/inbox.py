@@ -59,6 +59,9 @@ RETENTION: Final = timedelta(days=7)
 
 GAVE_UP_ERROR: Final = f"gave up after {MAX_RECOVERIES} attempts"
 
+# One encoder for every row: json.dumps with options builds a new one per call.
+_encode_event = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
 _COMPONENT = "inbox"
 _TABLE = "chatflow_inbox"
 _PRUNE_BATCH = 500
@@ -150,9 +153,10 @@ class Inbox:
         leaves either both or neither. Raises ``StorageError`` when the database
         fails; the adapter must then not confirm the update to its platform.
         """
-        await self._ensure_open()
+        if not self._opened:  # checked inline: this runs for every inbound message
+            await self.open()
         now = to_epoch(self._clock())
-        payload = json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
+        payload = _encode_event(event_to_dict(event))
 
         async def body(tx: Transaction) -> bool:
             if not await self._store.claim_in(tx, event.message_id):
