@@ -9,6 +9,8 @@ its ``<platform>-<16 hex>`` ids, which are hashes themselves).
 from __future__ import annotations
 
 import hashlib
+import os
+import random
 from collections.abc import Callable
 
 from bot.core.paths import is_path_unsafe
@@ -17,9 +19,26 @@ __all__ = [
     "LogSafePredicate",
     "check_message_id",
     "log_session_id",
+    "new_hex_id",
     "set_log_safe_session_ids",
     "validate_session_id",
 ]
+
+# A generator of its own (the module's global one belongs to callers and test tools),
+# seeded from the OS, and again in a forked child so two processes never share ids.
+_generator = random.Random()
+os.register_at_fork(after_in_child=_generator.seed)
+_random_bits = _generator.getrandbits
+
+
+def new_hex_id() -> str:
+    """32 random hex digits (128 bits): an id that must be unique, never one that must be secret.
+
+    The Mersenne Twister, seeded from the OS, makes it without the system call the
+    CSPRNG (``uuid4``, ``secrets``) costs per id; never use it for tokens or keys.
+    """
+    return f"{_random_bits(128):032x}"
+
 
 LogSafePredicate = Callable[[str], bool]
 """True for a session id that may appear in logs as it is."""

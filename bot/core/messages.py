@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from bot.core.ids import new_hex_id
 
 __all__ = [
     "AudioPart",
@@ -34,7 +35,8 @@ class Role(StrEnum):
 
 
 def _new_id() -> str:
-    return uuid.uuid4().hex
+    # Unique, not secret: no CSPRNG system call for every message.
+    return new_hex_id()
 
 
 def _now() -> datetime:

@@ -37,7 +37,7 @@ import copy
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import chain
+from itertools import chain, islice
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -47,14 +47,32 @@ from bot.core.messages import Message, Role
 
 __all__ = [
     "DEFAULT_MAX_TURNS",
+    "DEFAULT_PRUNE_TO_FRACTION",
     "SessionCheckpoint",
     "SessionContext",
     "check_max_turns",
+    "check_prune_to",
+    "default_prune_to",
     "seq_runs",
 ]
 
 DEFAULT_MAX_TURNS = 40
 """Turns kept in a session's history when nothing else is said."""
+
+DEFAULT_PRUNE_TO_FRACTION = 0.75
+"""The application's lower mark, as a share of ``max_turns`` (``default_prune_to``).
+
+A history pruned one turn at a time past its window changes its first message on
+every turn, so no request reuses the model provider's cached prompt prefix. Pruning
+back to a lower mark at once keeps the prefix stable for the turns in between
+(40 turns, down to 30: 43 % of input tokens cacheable over 150 turns becomes about
+90 %, ``bench/prompt_cost.py``), and never keeps more than ``max_turns``.
+"""
+
+
+def default_prune_to(max_turns: int) -> int:
+    """The lower mark the application uses for ``max_turns``: 3/4 of it, at least 1."""
+    return max(1, int(max_turns * DEFAULT_PRUNE_TO_FRACTION))
 
 
 def check_max_turns(value: object, name: str = "max_turns") -> int:
@@ -63,6 +81,15 @@ def check_max_turns(value: object, name: str = "max_turns") -> int:
         raise TypeError(f"{name} must be an int")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def check_prune_to(value: object, max_turns: int) -> int:
+    """Return ``value`` if it is an int in ``1..max_turns``; raise ``TypeError``/``ValueError``."""
+    check_max_turns(value, "prune_to")
+    assert isinstance(value, int)
+    if value > max_turns:
+        raise ValueError(f"prune_to must not exceed max_turns ({max_turns}), got {value}")
     return value
 
 
@@ -106,8 +133,8 @@ class _State(NamedTuple):
     systems: tuple[_Entry, ...]
     others: tuple[_Entry, ...]
     users: tuple[int, ...]
-    calls: tuple[tuple[str, tuple[int, ...]], ...]
-    tools: tuple[tuple[str, tuple[int, ...]], ...]
+    calls: dict[str, tuple[int, ...]]
+    tools: dict[str, tuple[int, ...]]
     indexed: bool
     next_seq: int
 
@@ -147,9 +174,17 @@ class SessionContext:
     not O(window): the seqs of the USER messages (``_users``, one per kept
     turn) and, per tool-call id, the seqs of the kept MODEL messages carrying
     it (``_calls``; its length is the id's reference count) and of the kept
-    TOOL messages answering it (``_tools``). Seqs grow along ``_others``, so
-    "earlier" is "smaller seq". The full pass (``prune_history``) builds the
-    indices; a rollback leaves them to be rebuilt by the next append.
+    TOOL messages answering it (``_tools``); their values are tuples, replaced
+    rather than edited, so a snapshot copies them with one ``dict()``. Seqs grow
+    along ``_others``, so "earlier" is "smaller seq". The full pass
+    (``prune_history``) builds the indices; a rollback leaves them to be
+    rebuilt by the next append.
+
+    ``prune_to`` (default ``max_turns``) is the lower mark: when an append
+    passes ``max_turns`` turns, the oldest turns go until ``prune_to`` are
+    left. Every rule of DESIGN §3.2 holds for any mark; a lower one keeps the
+    history's first message, hence the model's cached prompt prefix, stable
+    for ``max_turns - prune_to`` turns at a time.
     """
 
     def __init__(
@@ -158,6 +193,8 @@ class SessionContext:
         initial_agent: Agent,
         max_turns: int = DEFAULT_MAX_TURNS,
         metadata: Mapping[str, Any] | None = None,
+        *,
+        prune_to: int | None = None,
     ) -> None:
         validate_session_id(session_id)
         if not isinstance(initial_agent, Agent):
@@ -165,17 +202,30 @@ class SessionContext:
         self._session_id = session_id
         self._agent = initial_agent
         self._max_turns = check_max_turns(max_turns)
+        self._prune_to = (
+            self._max_turns if prune_to is None else check_prune_to(prune_to, max_turns)
+        )
         self._metadata: dict[str, Any] = dict(metadata) if metadata else {}
         self._systems: list[_Entry] = []
         self._others: deque[_Entry] = deque()
         self._users: deque[int] = deque()
-        self._calls: dict[str, deque[int]] = {}
-        self._tools: dict[str, deque[int]] = {}
+        self._calls: dict[str, tuple[int, ...]] = {}
+        self._tools: dict[str, tuple[int, ...]] = {}
         self._indexed = True  # False after a rollback, until the next append rebuilds them
         self._next_seq = 0
         self._deleted = False
         self._persisted_seqs: set[int] = set()
         self._incarnation: str | None = None
+        # O(turn) change tracking, valid while _tracked: the store holds exactly the
+        # history's seqs below _saved_next plus _dropped (seqs the incremental prune
+        # removed since). A full pass, rollback or restore falls back to the full diff.
+        self._tracked = False
+        self._saved_next = 0
+        self._dropped: list[int] = []
+        self._epoch = 0  # bumped by every edit the tracking does not follow
+        # The last changes computed and the edit mark then: if both still hold at
+        # commit, the tracking restarts from empty, else from the full diff.
+        self._computed: tuple[_Changes, tuple[int, int, int]] | None = None
 
     # -- public state ---------------------------------------------------------------
 
@@ -213,6 +263,11 @@ class SessionContext:
     def max_turns(self) -> int:
         """How many turns (each starting at a USER message) the history keeps."""
         return self._max_turns
+
+    @property
+    def prune_to(self) -> int:
+        """Turns left when an append passes ``max_turns`` (``max_turns``: one at a time)."""
+        return self._prune_to
 
     @property
     def deleted(self) -> bool:
@@ -256,8 +311,9 @@ class SessionContext:
         if role == _USER:
             self._others.append(entry)
             self._users.append(entry.seq)
-            while len(self._users) > self._max_turns:
-                self._drop_oldest_turn()
+            if len(self._users) > self._max_turns:
+                while len(self._users) > self._prune_to:
+                    self._drop_oldest_turn()
         elif role == _SYSTEM:
             self._systems.append(entry)
         elif not self._users:
@@ -267,20 +323,14 @@ class SessionContext:
             calls = self._calls
             for call_id in _call_ids(message):
                 refs = calls.get(call_id)
-                if refs is None:
-                    calls[call_id] = deque((entry.seq,))
-                else:
-                    refs.append(entry.seq)
+                calls[call_id] = (entry.seq,) if refs is None else (*refs, entry.seq)
         else:
             answered = message.tool_call_id
             if answered is None or answered not in self._calls:
                 return  # its call is not in the history
             self._others.append(entry)
             answers = self._tools.get(answered)
-            if answers is None:
-                self._tools[answered] = deque((entry.seq,))
-            else:
-                answers.append(entry.seq)
+            self._tools[answered] = (entry.seq,) if answers is None else (*answers, entry.seq)
 
     def _drop_oldest_turn(self) -> None:
         """Drop the oldest turn and the TOOL results that lose their call with it.
@@ -291,34 +341,44 @@ class SessionContext:
         repeat across turns, so a later call can keep later results alive).
         """
         others = self._others
+        dropped = self._dropped
         self._users.popleft()
         boundary = self._users[0]  # the seq of the new oldest turn's USER message
         touched: dict[str, None] = {}
         while others[0].seq < boundary:
-            message = others.popleft().message
+            gone = others.popleft()
+            dropped.append(gone.seq)
+            message = gone.message
             if message.role == _MODEL:
                 touched.update(dict.fromkeys(_call_ids(message)))
             elif message.tool_call_id is not None:
                 touched[message.tool_call_id] = None
         orphans: list[int] = []
+        calls, tools = self._calls, self._tools
         for call_id in touched:
-            refs = self._calls.get(call_id)
-            while refs and refs[0] < boundary:
-                refs.popleft()
-            first_call = refs[0] if refs else None
-            if refs is not None and not refs:
-                del self._calls[call_id]
-            answers = self._tools.get(call_id)
+            refs = calls.get(call_id)
+            first_call: int | None = None
+            if refs is not None:
+                refs = refs[bisect_left(refs, boundary) :]
+                if refs:
+                    calls[call_id] = refs
+                    first_call = refs[0]
+                else:
+                    del calls[call_id]
+            answers = tools.get(call_id)
             if answers is None:
                 continue
-            while answers and answers[0] < boundary:
-                answers.popleft()
-            while answers and (first_call is None or answers[0] < first_call):
-                orphans.append(answers.popleft())
-            if not answers:
-                del self._tools[call_id]
+            start = bisect_left(answers, boundary)
+            keep = len(answers) if first_call is None else bisect_left(answers, first_call)
+            keep = max(start, keep)
+            orphans.extend(answers[start:keep])
+            if keep < len(answers):
+                tools[call_id] = answers[keep:]
+            else:
+                del tools[call_id]
         for seq in sorted(orphans, reverse=True):
             del others[bisect_left(others, seq, key=_seq_of)]
+        dropped.extend(orphans)
 
     def prune_history(self) -> None:
         """Apply DESIGN §3.2's pruning rules to the history.
@@ -339,24 +399,27 @@ class SessionContext:
         for entry in entries:
             (systems if entry.message.role == _SYSTEM else others).append(entry)
         user_positions = [i for i, e in enumerate(others) if e.message.role == _USER]
-        if user_positions:
-            others = others[user_positions[-min(self._max_turns, len(user_positions))] :]
+        turns = len(user_positions)
+        if turns > self._max_turns:
+            others = others[user_positions[-self._prune_to] :]
+        elif user_positions:
+            others = others[user_positions[0] :]
         else:
             others = []
         kept: deque[_Entry] = deque()
         users: deque[int] = deque()
-        calls: dict[str, deque[int]] = {}
-        tools: dict[str, deque[int]] = {}
+        calls: dict[str, tuple[int, ...]] = {}
+        tools: dict[str, tuple[int, ...]] = {}
         for entry in others:
             message = entry.message
             if message.role == _MODEL:
                 for call_id in _call_ids(message):
-                    calls.setdefault(call_id, deque()).append(entry.seq)
+                    calls[call_id] = (*calls.get(call_id, ()), entry.seq)
             elif message.role == _TOOL:
                 answered = message.tool_call_id
                 if answered is None or answered not in calls:
                     continue
-                tools.setdefault(answered, deque()).append(entry.seq)
+                tools[answered] = (*tools.get(answered, ()), entry.seq)
             elif message.role == _USER:
                 users.append(entry.seq)
             kept.append(entry)
@@ -366,6 +429,7 @@ class SessionContext:
         self._calls = calls
         self._tools = tools
         self._indexed = True
+        self._untrack()  # a full pass may drop anything
 
     # -- checkpoints ----------------------------------------------------------------
 
@@ -394,6 +458,7 @@ class SessionContext:
         # The indices wait for the next append: a failed turn's context is often
         # dropped, and the checkpointed history is already pruned.
         self._indexed = False
+        self._untrack()
         self._agent = checkpoint._agent
         self._metadata = _copy_metadata(checkpoint._metadata)
 
@@ -409,14 +474,17 @@ class SessionContext:
         entries: Iterable[tuple[int, Message]],
         persisted_seqs: Iterable[int],
         incarnation: str,
+        *,
+        prune_to: int | None = None,
     ) -> SessionContext:
-        context = cls(session_id, agent, max_turns, metadata)
+        context = cls(session_id, agent, max_turns, metadata, prune_to=prune_to)
         ordered = sorted((_Entry(s, m) for s, m in entries), key=_seq_of)
         context._persisted_seqs = set(persisted_seqs)
         known = context._persisted_seqs.union(e.seq for e in ordered)
         context._next_seq = max(known, default=-1) + 1
         context._incarnation = incarnation
         context._prune_entries(ordered)  # the full pass: foreign rows, another max_turns
+        context._track_if_in_sync()
         return context
 
     def _state(self) -> _State:
@@ -425,8 +493,8 @@ class SessionContext:
             tuple(self._systems),
             tuple(self._others),
             tuple(self._users),
-            tuple((k, tuple(v)) for k, v in self._calls.items()),
-            tuple((k, tuple(v)) for k, v in self._tools.items()),
+            dict(self._calls),  # tuple values: never edited in place
+            dict(self._tools),
             self._indexed,
             self._next_seq,
         )
@@ -441,28 +509,79 @@ class SessionContext:
         state: _State,
         persisted_seqs: Iterable[int],
         incarnation: str,
+        *,
+        prune_to: int | None = None,
     ) -> SessionContext:
-        """A new context holding ``state`` (taken from a context of the same ``max_turns``)."""
-        context = cls(session_id, agent, max_turns, metadata)
+        """A new context holding ``state`` (taken from a context of the same turn marks)."""
+        context = cls(session_id, agent, max_turns, metadata, prune_to=prune_to)
         context._systems = list(state.systems)
         context._others = deque(state.others)
         context._users = deque(state.users)
-        context._calls = {k: deque(v) for k, v in state.calls}
-        context._tools = {k: deque(v) for k, v in state.tools}
+        context._calls = dict(state.calls)
+        context._tools = dict(state.tools)
         context._indexed = state.indexed
         context._next_seq = state.next_seq
         context._persisted_seqs = set(persisted_seqs)
         context._incarnation = incarnation
+        # A snapshot is taken where a load or save committed: the store holds its history.
+        if state.indexed and len(context._persisted_seqs) == len(state.systems) + len(state.others):
+            context._tracked = True
+            context._saved_next = state.next_seq
         return context
 
+    # -- change tracking ------------------------------------------------------------
+
+    def _untrack(self) -> None:
+        """Fall back to the full diff for the next save (an edit the tracking does not follow)."""
+        self._tracked = False
+        self._epoch += 1
+
+    def _edit_mark(self) -> tuple[int, int, int]:
+        """Moves with every edit of the history since the tracking last restarted."""
+        return (self._epoch, self._next_seq, len(self._dropped))
+
+    def _track_if_in_sync(self) -> None:
+        """Restart the tracking if the store holds exactly the history (else keep the full diff)."""
+        persisted = self._persisted_seqs
+        in_sync = self._indexed and len(persisted) == len(self._systems) + len(self._others)
+        if in_sync and all(entry.seq in persisted for entry in self._iter_entries()):
+            self._tracked = True
+            self._saved_next = self._next_seq
+            self._dropped = []
+
     def _pending_changes(self) -> _Changes:
-        entries = self._entries
+        """What the next save writes: O(turn) while tracked, else the full diff."""
+        changes = self._compute_changes()
+        self._computed = (changes, self._edit_mark())
+        return changes
+
+    def _compute_changes(self) -> _Changes:
         if self._incarnation is None:
-            return _Changes(tuple(entries), (), True)
+            return _Changes(tuple(self._entries), (), True)
+        if not (self._tracked and self._indexed):
+            return self._full_changes()
+        # New entries are appended at the ends of both lists, with seqs from _saved_next.
+        floor = self._saved_next
+        inserts: list[_Entry] = []
+        for part in (self._systems, self._others):
+            count = 0
+            for entry in reversed(part):
+                if entry.seq < floor:
+                    break
+                count += 1
+            if count:
+                inserts.extend(islice(part, len(part) - count, None))
+        # Entries appended and pruned since the last save were never written.
+        deletes = tuple(sorted(seq for seq in self._dropped if seq < floor))
+        return _Changes(tuple(inserts), deletes, False)
+
+    def _full_changes(self) -> _Changes:
+        """The difference between the history and what the store holds (O(window))."""
+        entries = self._entries
         persisted = self._persisted_seqs
         current = {entry.seq for entry in entries}
         inserts = tuple(e for e in entries if e.seq not in persisted)
-        deletes = tuple(sorted(self._persisted_seqs - current))
+        deletes = tuple(sorted(persisted - current))
         return _Changes(inserts, deletes, False)
 
     def _mark_saved(self, changes: _Changes, incarnation: str) -> None:
@@ -472,6 +591,14 @@ class SessionContext:
             self._persisted_seqs.difference_update(changes.deletes)
             self._persisted_seqs.update(entry.seq for entry in changes.inserts)
         self._incarnation = incarnation
+        computed, self._computed = self._computed, None
+        if computed is not None and computed[0] is changes and computed[1] == self._edit_mark():
+            # Nothing changed since the changes were computed: the store holds the history.
+            self._tracked = self._indexed
+            self._saved_next = self._next_seq
+            self._dropped = []
+        else:
+            self._untrack()
 
     def _mark_deleted(self) -> None:
         self._deleted = True

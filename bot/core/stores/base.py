@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from bot.core.agent import Agent
 from bot.core.ids import validate_session_id
-from bot.core.session import DEFAULT_MAX_TURNS, SessionContext, check_max_turns
+from bot.core.session import DEFAULT_MAX_TURNS, SessionContext, check_max_turns, check_prune_to
 from bot.core.sql import Dialect, Transaction
 from bot.core.stores._locks import KeyedLocks
 from bot.errors import StorageError
@@ -121,8 +121,13 @@ class BaseSessionStore(ABC):
         *,
         dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
         clock: Callable[[], datetime] | None = None,
+        prune_to_turns: int | None = None,
     ) -> None:
         self._default_max_turns = check_max_turns(default_max_turns, "default_max_turns")
+        # Past max_turns a session drops back to this many turns at once (None: one at a time).
+        self._prune_to_turns = (
+            None if prune_to_turns is None else check_prune_to(prune_to_turns, default_max_turns)
+        )
         if isinstance(dedup_ttl_hours, bool) or not isinstance(dedup_ttl_hours, int | float):
             raise TypeError("dedup_ttl_hours must be a number")
         if not dedup_ttl_hours > 0:
@@ -138,6 +143,11 @@ class BaseSessionStore(ABC):
     def default_max_turns(self) -> int:
         """``max_turns`` of every session this store loads or creates."""
         return self._default_max_turns
+
+    @property
+    def prune_to_turns(self) -> int:
+        """Turns a session drops back to when it passes ``default_max_turns``."""
+        return self._default_max_turns if self._prune_to_turns is None else self._prune_to_turns
 
     @property
     def dedup_ttl(self) -> timedelta:

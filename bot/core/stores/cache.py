@@ -79,7 +79,9 @@ class Snapshot(NamedTuple):
             and int(row[4]) == len(self.persisted)
         )
 
-    def context(self, session_id: str, agent: Agent, max_turns: int) -> SessionContext:
+    def context(
+        self, session_id: str, agent: Agent, max_turns: int, prune_to: int | None = None
+    ) -> SessionContext:
         """A new context holding this snapshot (its own lists, indices and metadata)."""
         metadata = json.loads(self.metadata_json)
         return SessionContext._from_state(
@@ -90,6 +92,7 @@ class Snapshot(NamedTuple):
             self.state,
             self.persisted,
             self.incarnation,
+            prune_to=prune_to,
         )
 
 
@@ -186,6 +189,7 @@ class CachedLoads:
 
     if TYPE_CHECKING:  # provided by the store classes
         _default_max_turns: int
+        _prune_to_turns: int | None
 
         def _resolve_agent(self, name: str, fallback: Agent | None = None) -> Agent: ...
 
@@ -201,16 +205,25 @@ class CachedLoads:
 
     async def _load_cached(self, session_id: str, fallback: Agent | None) -> SessionContext | None:
         """A context from the cached snapshot if the store still holds it (one read), else None."""
+        fresh = self._fresh_without_read()  # first: it may clear the cache
         snapshot = self._cache.get(session_id)
         if snapshot is None:
             return None
-        if not snapshot.matches(await self._read_version(session_id)):
+        if not fresh and not snapshot.matches(await self._read_version(session_id)):
             self._cache.drop(session_id)
             return None
         agent = self._resolve_agent(snapshot.agent_name, fallback)
-        context = snapshot.context(session_id, agent, self._default_max_turns)
+        context = snapshot.context(session_id, agent, self._default_max_turns, self._prune_to_turns)
         self._track(context)
         return context
+
+    def _fresh_without_read(self) -> bool:
+        """True if nothing can have changed in the store since the cache was checked.
+
+        Without a way to tell at no cost (PostgreSQL) it is False: every load reads
+        the version (``_read_version``).
+        """
+        return False
 
     async def _read_version(self, session_id: str) -> tuple[Any, ...] | None:
         """``VERSION_SQL``'s row, in a read transaction (subclasses may read it without one)."""
@@ -230,8 +243,12 @@ class CachedLoads:
         state: _State | None = None,
     ) -> None:
         """Cache ``context`` as committed at ``version`` (or forget its session)."""
-        # Only where the next load takes the snapshot as is: the store's max_turns.
-        if self._cache.enabled and context.max_turns == self._default_max_turns:
+        # Only where the next load takes the snapshot as is: the store's turn marks.
+        if (
+            self._cache.enabled
+            and context.max_turns == self._default_max_turns
+            and context.prune_to == (self._prune_to_turns or self._default_max_turns)
+        ):
             snapshot = snapshot_of(context, version, agent_name, metadata_json, state)
             self._cache.put(context.session_id, snapshot)
         else:

@@ -54,8 +54,14 @@ class SessionStore(BaseSessionStore):
         *,
         dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
         clock: Callable[[], datetime] | None = None,
+        prune_to_turns: int | None = None,
     ) -> None:
-        super().__init__(default_max_turns, dedup_ttl_hours=dedup_ttl_hours, clock=clock)
+        super().__init__(
+            default_max_turns,
+            dedup_ttl_hours=dedup_ttl_hours,
+            clock=clock,
+            prune_to_turns=prune_to_turns,
+        )
         self._sessions: dict[str, _StoredSession] = {}
         self._processed: OrderedDict[str, datetime] = OrderedDict()
         self._incarnations = 0
@@ -76,6 +82,7 @@ class SessionStore(BaseSessionStore):
             stored.messages.items(),
             stored.messages.keys(),
             stored.incarnation,
+            prune_to=self._prune_to_turns,
         )
         self._track(context)
         return context
@@ -90,7 +97,13 @@ class SessionStore(BaseSessionStore):
         validate_session_id(session_id)
         stored = self._sessions.get(session_id)
         if stored is None:
-            context = SessionContext(session_id, default_agent, self._default_max_turns, metadata)
+            context = SessionContext(
+                session_id,
+                default_agent,
+                self._default_max_turns,
+                metadata,
+                prune_to=self._prune_to_turns,
+            )
             stored = _StoredSession(
                 incarnation=self._new_incarnation(),
                 agent=default_agent,

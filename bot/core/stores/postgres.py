@@ -209,12 +209,18 @@ class PostgresSessionStore(SQLSessionStore):
         *,
         dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
         clock: Callable[[], datetime] | None = None,
+        prune_to_turns: int | None = None,
         min_pool: int = 1,
         max_pool: int = DEFAULT_MAX_POOL,
         max_lock_connections: int = DEFAULT_MAX_LOCK_CONNECTIONS,
         cache_messages: int = DEFAULT_CACHE_MESSAGES,
     ) -> None:
-        super().__init__(default_max_turns, dedup_ttl_hours=dedup_ttl_hours, clock=clock)
+        super().__init__(
+            default_max_turns,
+            dedup_ttl_hours=dedup_ttl_hours,
+            clock=clock,
+            prune_to_turns=prune_to_turns,
+        )
         self._cache = SessionCache(cache_messages)
         if not isinstance(dsn, str):
             raise TypeError("dsn must be a str")

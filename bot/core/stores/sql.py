@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
+import random
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -57,6 +57,17 @@ _INSERT_MESSAGE_SQL: Final = (
     "INSERT INTO chatflow_messages (session_id, seq, role, message_json, created_at) "
     "VALUES (?, ?, ?, ?, ?)"
 )
+
+
+def _new_version() -> int:
+    """A session's starting version: random, so a re-created one never matches an old snapshot.
+
+    Only a collision matters, never a guess: the Mersenne Twister (reseeded after a
+    fork) serves without the CSPRNG's system call per save.
+    """
+    return random.getrandbits(52)
+
+
 # A new session starts at a random version: a re-created one never matches an old snapshot.
 _INSERT_SESSION_SQL: Final = (
     "INSERT INTO chatflow_sessions (session_id, active_agent_name, metadata_json, "
@@ -189,6 +200,15 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
         async with self._transaction(write=False) as tx:
             await tx.fetchall("SELECT 1")
 
+    async def _run_own(
+        self, body: Callable[[Transaction], Any], on_commit: Callable[[], None] | None
+    ) -> Any:
+        """``run`` for the store's own saves: the cache accounts for what they write."""
+        return await self.run(body, on_commit=on_commit)
+
+    def _watch_from_here(self, tx: Transaction) -> None:
+        """From here on, ``tx`` (an own save's) runs the caller's SQL (``also``)."""
+
     async def get_or_create(
         self,
         session_id: str,
@@ -203,10 +223,16 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
         cached = await self._load_cached(session_id, default_agent)
         if cached is not None:
             return cached
-        fresh = SessionContext(session_id, default_agent, self._default_max_turns, metadata)
+        fresh = SessionContext(
+            session_id,
+            default_agent,
+            self._default_max_turns,
+            metadata,
+            prune_to=self._prune_to_turns,
+        )
         metadata_json = dump_metadata(fresh.metadata)
         now = _iso(self.now())
-        version = secrets.randbits(52)
+        version = _new_version()
 
         async def body(tx: Transaction) -> tuple[bool, tuple[Any, ...] | None, list[Any]]:
             row = await self._read_session(tx, session_id)
@@ -219,7 +245,7 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
             messages = [] if row is None else await self._read_messages(tx, session_id)
             return created, row, messages
 
-        created, row, messages = await self.run(body)
+        created, row, messages = await self._run_own(body, None)
         if created:
             fresh._mark_saved(_Changes((), (), True), now)
             self._remember(fresh, version, default_agent.name, metadata_json)
@@ -301,7 +327,14 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
                 )
         agent = self._resolve_agent(str(agent_name), fallback)
         context = SessionContext._restore(
-            session_id, agent, self._default_max_turns, metadata, entries, seqs, str(created_at)
+            session_id,
+            agent,
+            self._default_max_turns,
+            metadata,
+            entries,
+            seqs,
+            str(created_at),
+            prune_to=self._prune_to_turns,
         )
         self._remember(context, int(version), str(agent_name), str(metadata_json))
         return context
@@ -335,7 +368,7 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
         loaded_incarnation = session._incarnation
         incarnation = loaded_incarnation or now
         gone = saved = False
-        version = secrets.randbits(52)
+        version = _new_version()
         state = session._state() if self._cache.enabled else None  # what this save writes
 
         def committed() -> None:
@@ -401,10 +434,11 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
                 _UPDATE_SESSION_SQL, (agent_name, metadata_json, now, version, session_id)
             )
             if also is not None:
+                self._watch_from_here(tx)
                 await also(tx)
 
         try:
-            await self.run(body, on_commit=committed)
+            await self._run_own(body, committed)
         except BaseException as exc:
             if not saved:  # failed, conflicting or rolled back: the store may differ
                 self._cache.drop(session_id)

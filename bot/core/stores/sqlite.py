@@ -50,6 +50,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from bot.core.ids import validate_session_id
 from bot.core.session import DEFAULT_MAX_TURNS
+from bot.core.sql import Transaction
 from bot.core.stores._locks import KeyedLocks
 from bot.core.stores.base import DEFAULT_DEDUP_TTL_HOURS, TransactionBody
 from bot.core.stores.cache import DEFAULT_CACHE_MESSAGES, VERSION_SQL, SessionCache
@@ -58,9 +59,11 @@ from bot.core.stores.sql import DriverTransaction, SQLSessionStore
 from bot.core.stores.sqlite_writer import (
     Interactive,
     SQLiteWriter,
+    SyncTransaction,
     run_execute,
     run_executemany,
     run_fetchall,
+    touches_sessions,
 )
 from bot.errors import StorageError
 
@@ -106,6 +109,8 @@ class _SQLiteTransaction(DriverTransaction):
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; return the number of rows it changed (-1 if none apply)."""
         self._check()
+        if touches_sessions(sql):
+            self._session.touched = True  # the cached windows are checked again at COMMIT
         args = tuple(params)
         result: int = await self._writer.call_in(
             self._session, lambda conn: run_execute(conn, sql, args)
@@ -115,6 +120,8 @@ class _SQLiteTransaction(DriverTransaction):
     async def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> None:
         """Run one statement once per parameter set."""
         self._check()
+        if touches_sessions(sql):
+            self._session.touched = True
         rows = [tuple(params) for params in seq_of_params]
         await self._writer.call_in(self._session, lambda conn: run_executemany(conn, sql, rows))
 
@@ -170,12 +177,19 @@ class SQLiteSessionStore(SQLSessionStore):
         *,
         dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
         clock: Callable[[], datetime] | None = None,
+        prune_to_turns: int | None = None,
         cache_messages: int = DEFAULT_CACHE_MESSAGES,
     ) -> None:
-        super().__init__(default_max_turns, dedup_ttl_hours=dedup_ttl_hours, clock=clock)
+        super().__init__(
+            default_max_turns,
+            dedup_ttl_hours=dedup_ttl_hours,
+            clock=clock,
+            prune_to_turns=prune_to_turns,
+        )
         # Committed windows by session (bot.core.stores.cache); 0 turns it off.
         self._cache = SessionCache(cache_messages)
         self._in_flight = 0  # run() bodies submitted and not yet answered
+        self._changed_seen = 0  # the writer's ``changed`` when the cache was last cleared
         path = os.fspath(db_path)
         if not isinstance(path, str):
             raise TypeError("db_path must be a str or a path")
@@ -215,13 +229,17 @@ class SQLiteSessionStore(SQLSessionStore):
         return self._conn is not None
 
     async def _open_connection(self) -> None:
-        writer = SQLiteWriter(self._connect, name=f"chatflow-sqlite-{id(self):x}")
+        # A private or URI database has no second connection to probe it.
+        probe = None if self._memory or self._uri else self._connect_probe
+        writer = SQLiteWriter(self._connect, name=f"chatflow-sqlite-{id(self):x}", probe=probe)
         await writer.start()
         try:
             await self._migrate(writer)
         except BaseException:
             await writer.close()
             raise
+        self._changed_seen = writer.changed
+        self._cache.clear()  # nothing it holds was checked against this connection
         self._conn = writer
 
     async def close(self) -> None:
@@ -253,6 +271,17 @@ class SQLiteSessionStore(SQLSessionStore):
             conn.close()
             raise
         return conn
+
+    def _connect_probe(self) -> sqlite3.Connection:
+        # Runs on the database thread, after _connect (the file exists, in WAL mode).
+        uri = Path(os.path.abspath(self._db_path)).as_uri() + "?mode=ro"
+        probe = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            probe.execute("PRAGMA busy_timeout = 0")  # the loop reads it: never wait
+        except BaseException:
+            probe.close()
+            raise
+        return probe
 
     def _prepare_directory(self) -> None:
         real = os.path.realpath(self._db_path)
@@ -399,6 +428,38 @@ class SQLiteSessionStore(SQLSessionStore):
             if self._conn is None:
                 raise StorageError("the session store is closed")
         return self._conn
+
+    def _watch_from_here(self, tx: Transaction) -> None:
+        if isinstance(tx, SyncTransaction):
+            tx.watch = True
+
+    def _fresh_without_read(self) -> bool:
+        """True iff no connection committed anything since the database thread last looked.
+
+        One ``PRAGMA data_version`` on the probe (no page read, no wait); a commit
+        the thread saw that no save of this store accounted for clears the cache.
+        """
+        writer = self._conn
+        if writer is None or self._op_owner is not None:
+            return False
+        changed = writer.probe_unchanged()
+        if changed is None:
+            return False
+        if changed != self._changed_seen:
+            self._cache.clear()
+            self._changed_seen = changed
+            return False
+        return True
+
+    async def _run_own(self, body: TransactionBody[_T], on_commit: Callable[[], None] | None) -> _T:
+        self._check_reentry()
+        writer = await self._writer()
+        outcome: asyncio.Future[_T] = writer.submit(body, True, own=True)
+        self._in_flight += 1
+        try:
+            return await self._await_outcome(outcome, on_commit)
+        finally:
+            self._in_flight -= 1
 
     async def _read_version(self, session_id: str) -> tuple[Any, ...] | None:
         self._check_reentry()

@@ -8,6 +8,16 @@ body (a failing body rolls back only its own), one ``COMMIT``; every caller's
 future resolves after that COMMIT, with one loop wake-up per batch. An
 *interactive* transaction (``transaction()`` blocks, migrations) holds the
 thread exclusively and runs one statement per hop, as aiosqlite did.
+
+Freshness without a hop (``probe``): a file database gets a second, read-only
+connection whose ``PRAGMA data_version`` moves whenever *another* connection
+committed. After every COMMIT and every call outside a transaction the thread
+publishes the probe's value (``published``) and reads its own connection's,
+which moves only for commits of other connections: then it bumps ``changed``.
+Its own writes to the session tables that no store save made (a body or a
+``transaction()`` block's statements) bump ``changed`` too. The loop compares
+the probe's value with ``published`` (``probe_unchanged``): equal means that
+nothing committed anywhere since, so a cached window is still the stored one.
 """
 
 from __future__ import annotations
@@ -72,17 +82,26 @@ def run_fetchall(
         raise StorageError(f"SQL query failed: {exc}") from exc
 
 
+def touches_sessions(sql: str) -> bool:
+    """Whether ``sql`` names a table a cached window is read from."""
+    return "chatflow_messages" in sql or "chatflow_sessions" in sql
+
+
 class SyncTransaction:
     """The ``Transaction`` of a body: ``async`` methods that call sqlite3 and never suspend."""
 
-    __slots__ = ("_active", "_conn")
+    __slots__ = ("_active", "_conn", "touched", "watch")
 
     dialect: Final = "sqlite"
     """Statements are SQLite SQL."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, watch: bool = True) -> None:
         self._conn = conn
         self._active = True
+        self.watch = watch
+        """Note writes to the session tables (off while a store save writes its own)."""
+        self.touched = False
+        """A watched statement wrote to the session tables."""
 
     def _connection(self) -> sqlite3.Connection:
         if not self._active:
@@ -91,10 +110,14 @@ class SyncTransaction:
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; return the number of rows it changed (-1 if none apply)."""
+        if self.watch and touches_sessions(sql):
+            self.touched = True
         return run_execute(self._connection(), sql, params)
 
     async def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> None:
         """Run one statement once per parameter set."""
+        if self.watch and touches_sessions(sql):
+            self.touched = True
         conn = self._connection()
         run_executemany(conn, sql, [tuple(params) for params in seq_of_params])
 
@@ -117,12 +140,13 @@ class _Request:
 
 
 class _Body(_Request):
-    __slots__ = ("body", "write")
+    __slots__ = ("body", "own", "write")
 
-    def __init__(self, body: Body, write: bool) -> None:
+    def __init__(self, body: Body, write: bool, own: bool = False) -> None:
         super().__init__()
         self.body = body
         self.write = write
+        self.own = own  # a store save: its session-table writes are accounted by the store
 
 
 class _Call(_Request):
@@ -143,7 +167,7 @@ class _Call(_Request):
 class Interactive(_Request):
     """An exclusive transaction driven from the loop; ``future`` resolves once it began."""
 
-    __slots__ = ("calls", "dead", "hop", "write")
+    __slots__ = ("calls", "dead", "hop", "touched", "write")
 
     def __init__(self, write: bool) -> None:
         super().__init__()
@@ -151,6 +175,7 @@ class Interactive(_Request):
         self.calls: deque[_Call] = deque()
         self.dead = False
         self.hop: asyncio.Future[Any] | None = None
+        self.touched = False  # set on the loop before a statement on the session tables
 
 
 class _Stop(_Request):
@@ -185,8 +210,21 @@ def _storage_error(message: str, cause: BaseException) -> StorageError:
 class SQLiteWriter:
     """A daemon thread owning one sqlite3 connection (``connect`` runs on it)."""
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection], name: str) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        name: str,
+        probe: Callable[[], sqlite3.Connection] | None = None,
+    ) -> None:
         self._connect = connect
+        self._probe_connect = probe
+        self._probe: sqlite3.Connection | None = None
+        self._probe_lock = threading.Lock()
+        self._own_version: int | None = None
+        self.published: int | None = None
+        """The probe's ``data_version`` as of the thread's last look (``None``: no probe)."""
+        self.changed = 0
+        """Bumped when a commit was seen that no store save accounted for."""
         self._cond = threading.Condition()
         self._queue: deque[_Request] = deque()
         self._stopping = False
@@ -231,9 +269,12 @@ class SQLiteWriter:
         hop: asyncio.Future[Any] = asyncio.ensure_future(self._execute(request))
         return hop
 
-    def submit(self, body: Body, write: bool) -> asyncio.Future[Any]:
-        """Queue ``body`` to be driven on the thread; its future resolves after its COMMIT."""
-        return self._hop(_Body(body, write))
+    def submit(self, body: Body, write: bool, own: bool = False) -> asyncio.Future[Any]:
+        """Queue ``body`` to be driven on the thread; its future resolves after its COMMIT.
+
+        ``own``: a store save, whose writes to the session tables the store accounts for.
+        """
+        return self._hop(_Body(body, write, own))
 
     async def call(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run ``fn(conn)`` on the thread, outside any transaction."""
@@ -253,11 +294,34 @@ class SQLiteWriter:
 
     async def commit_in(self, session: Interactive) -> None:
         """COMMIT ``session``; a driver error leaves it open for ``rollback_in``."""
-        await self.call_in(session, self._commit, _ENDS_ON_SUCCESS)
+        await self.call_in(
+            session, lambda conn: self._commit_interactive(conn, session), _ENDS_ON_SUCCESS
+        )
 
     async def rollback_in(self, session: Interactive) -> None:
         """Roll ``session`` back and end it."""
         await self.call_in(session, _rollback, _ENDS_ALWAYS)
+
+    def probe_unchanged(self) -> int | None:
+        """``changed`` if nothing committed on the database since the thread last published.
+
+        ``None`` otherwise, or when that cannot be told at once (no probe, the lock
+        held, a busy database): loop side, it never waits. ``changed`` is read with
+        the value it belongs to, so a bump is never missed.
+        """
+        probe = self._probe
+        if probe is None or not self._probe_lock.acquire(blocking=False):
+            return None
+        try:
+            published, changed = self.published, self.changed
+            if published is None:
+                return None
+            row = probe.execute("PRAGMA data_version").fetchone()
+        except sqlite3.Error:
+            return None
+        finally:
+            self._probe_lock.release()
+        return changed if row is not None and row[0] == published else None
 
     async def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
         """Install a ``sqlite3`` trace callback (it runs on the database thread)."""
@@ -287,8 +351,9 @@ class SQLiteWriter:
             closed = StorageError("the session store is closed")
             _deliver([(first.future, None, exc)] + [(r.future, None, closed) for r in pending])
             return
-        _deliver([(first.future, None, None)])
         conn = self._conn
+        self._open_probe(conn)
+        _deliver([(first.future, None, None)])
         while True:
             batch: list[_Body] = []
             with self._cond:
@@ -312,22 +377,68 @@ class SQLiteWriter:
             else:
                 break
         error: BaseException | None = None
+        self._close_probe()
         try:
             conn.close()
         except sqlite3.Error as exc:
             error = _storage_error(f"closing the database failed: {exc}", exc)
         _deliver([(head.future, None, error)])
 
-    @staticmethod
-    def _call(conn: sqlite3.Connection, call: _Call) -> _Outcome:
+    def _call(self, conn: sqlite3.Connection, call: _Call) -> _Outcome:
         try:
-            return (call.future, call.fn(conn), None)
+            outcome: _Outcome = (call.future, call.fn(conn), None)
         except BaseException as exc:
-            return (call.future, None, exc)
+            outcome = (call.future, None, exc)
+        if call.session is None and not conn.in_transaction:
+            self._publish(conn, False)
+        return outcome
 
-    def _commit(self, conn: sqlite3.Connection) -> None:
+    def _commit(self, conn: sqlite3.Connection, touched: bool = False) -> None:
         conn.execute("COMMIT")
         self.commits += 1
+        self._publish(conn, touched)
+
+    def _commit_interactive(self, conn: sqlite3.Connection, session: Interactive) -> None:
+        self._commit(conn, session.touched)
+
+    def _open_probe(self, conn: sqlite3.Connection) -> None:
+        if self._probe_connect is None:
+            return
+        try:
+            self._probe = self._probe_connect()
+        except (sqlite3.Error, OSError):
+            # Without it every cached load reads the version, as before.
+            logger.warning("cannot open the freshness probe connection", exc_info=True)
+            return
+        self._publish(conn, False)
+
+    def _publish(self, conn: sqlite3.Connection, touched: bool) -> None:
+        """Record the probe's ``data_version`` as of now (database thread)."""
+        probe = self._probe
+        if probe is None:
+            return
+        with self._probe_lock:
+            # One step for the loop: it sees the bump and the new value together. Our
+            # own connection's value moves only for other connections' commits, and it
+            # is read after the probe's, so none can slip in between unnoticed.
+            try:
+                value = probe.execute("PRAGMA data_version").fetchone()[0]
+                own = conn.execute("PRAGMA data_version").fetchone()[0]
+            except sqlite3.Error:
+                self.published = None  # the next publish starts over
+                self.changed += 1
+                return
+            if touched or (self._own_version is not None and own != self._own_version):
+                self.changed += 1
+            self._own_version = own
+            self.published = value
+
+    def _close_probe(self) -> None:
+        probe, self._probe = self._probe, None
+        self.published = None
+        if probe is not None:
+            with self._probe_lock, contextlib.suppress(sqlite3.Error):
+                probe.close()
 
     def _run_interactive(self, conn: sqlite3.Connection, session: Interactive) -> None:
         if conn.in_transaction:  # a failed rollback left one open
@@ -362,6 +473,7 @@ class SQLiteWriter:
         if conn.in_transaction:
             _rollback(conn)
         outcomes: list[_Outcome] = []
+        touched = [False]
         try:
             conn.execute("BEGIN IMMEDIATE" if any(r.write for r in batch) else "BEGIN")
         except sqlite3.Error as exc:
@@ -374,7 +486,7 @@ class SQLiteWriter:
             return
         try:
             if len(batch) == 1:  # alone: the transaction itself isolates it
-                outcomes.append(_drive(conn, batch[0]))
+                outcomes.append(_drive(conn, batch[0], touched))
                 if outcomes[0][2] is not None:
                     _rollback(conn)
                     _deliver(outcomes)
@@ -382,12 +494,12 @@ class SQLiteWriter:
             else:
                 for request in batch:
                     conn.execute("SAVEPOINT chatflow_body")
-                    outcome = _drive(conn, request)
+                    outcome = _drive(conn, request, touched)
                     if outcome[2] is not None:
                         conn.execute("ROLLBACK TO chatflow_body")
                     conn.execute("RELEASE chatflow_body")
                     outcomes.append(outcome)
-            self._commit(conn)
+            self._commit(conn, touched[0])
         except BaseException as exc:
             # COMMIT (or a savepoint) failed: nothing of this batch is durable.
             _rollback(conn)
@@ -412,9 +524,12 @@ def _rollback(conn: sqlite3.Connection) -> None:
         logger.warning("rolling back a session-store transaction failed", exc_info=True)
 
 
-def _drive(conn: sqlite3.Connection, request: _Body) -> _Outcome:
-    """Run ``request``'s body to its end in one ``send``; a suspension is an error."""
-    tx = SyncTransaction(conn)
+def _drive(conn: sqlite3.Connection, request: _Body, touched: list[bool]) -> _Outcome:
+    """Run ``request``'s body to its end in one ``send``; a suspension is an error.
+
+    ``touched[0]`` becomes True if it wrote to the session tables unaccounted.
+    """
+    tx = SyncTransaction(conn, watch=not request.own)
     # The caller's loop counts as running here, so an await on it (an Event, a
     # sleep, I/O) yields a future that is caught below instead of a confusing
     # "no running event loop"; that future is never awaited.
@@ -436,4 +551,6 @@ def _drive(conn: sqlite3.Connection, request: _Body) -> _Outcome:
         return (request.future, None, error)
     finally:
         tx._active = False
+        if tx.touched:
+            touched[0] = True
         asyncio._set_running_loop(None)
