@@ -62,16 +62,23 @@ def open_store(settings: Settings) -> TransactionalStore:
 
         assert settings.database_url is not None
         # Every running turn holds one lock connection; transactions get their own pool.
-        turns = settings.max_concurrent_turns
+        # Capped apart from the turns: hundreds of turns waiting on the model must not
+        # open hundreds of connections (the extra ones wait for a lock connection).
+        turns = min(settings.max_concurrent_turns, settings.database_connections)
         return PostgresSessionStore(
             settings.database_url,
             default_max_turns=settings.max_turns,
+            prune_to_turns=settings.effective_prune_to_turns,
             max_pool=max(4, turns + 2),
             max_lock_connections=turns + 2,
         )
     path = settings.database_path
     path.parent.mkdir(parents=True, exist_ok=True)
-    return SQLiteSessionStore(str(path), default_max_turns=settings.max_turns)
+    return SQLiteSessionStore(
+        str(path),
+        default_max_turns=settings.max_turns,
+        prune_to_turns=settings.effective_prune_to_turns,
+    )
 
 
 def instance_lock(settings: Settings) -> contextlib.AbstractContextManager[None]:
@@ -150,6 +157,7 @@ def build_adapters(
                 api_base_url=settings.whatsapp_api_base_url,
                 insecure_dev=settings.whatsapp_insecure_dev,
                 media_hosts=settings.whatsapp_media_hosts,
+                messages_per_second=settings.whatsapp_messages_per_second,
             )
         )
     if console:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bot.core.session import default_prune_to
 from bot.core.sql import redact_dsn
 from bot.errors import ConfigurationError
 
@@ -111,6 +112,9 @@ class Settings(BaseSettings):
     """Graph API server; the client adds ``/v<version>/<phone_id>/messages``."""
     whatsapp_insecure_dev: bool = False
     """Accept unsigned webhooks (local development only)."""
+    whatsapp_messages_per_second: int = Field(default=80, gt=0)
+    """The number's throughput (Meta: 80 by default, up to 1,000 on higher tiers);
+    replies and typing are paced to it."""
     whatsapp_media_hosts: CommaList = frozenset()
     """More places the token may fetch user media from, beyond Meta's media hosts over
     https and ``WHATSAPP_API_BASE_URL``'s own origin: ``cdn.example.com`` or
@@ -150,8 +154,16 @@ class Settings(BaseSettings):
     """At start-up, re-run unanswered messages younger than this; expire older ones."""
     max_turns: int = Field(default=40, gt=0)
     """Turns of history kept per conversation."""
-    max_concurrent_turns: int = Field(default=8, gt=0)
-    """Turns that may run at once across sessions."""
+    prune_to_turns: int | None = Field(default=None, gt=0)
+    """Past ``MAX_TURNS``, a conversation drops back to this many turns at once, so the
+    model provider's prompt cache keeps matching in between. Unset: 30 with the default
+    ``MAX_TURNS`` (3/4 of it); a ``MAX_TURNS`` set alone is kept exactly (one turn at a time)."""
+    max_concurrent_turns: int = Field(default=256, gt=0)
+    """Turns that may run at once across sessions (most of a turn waits on the model;
+    sending the reply no longer counts)."""
+    database_connections: int = Field(default=32, gt=0)
+    """PostgreSQL: connections per process for transactions, and as many for the
+    conversation locks of running turns (more turns wait for one)."""
     max_queued_messages: int = Field(default=1000, gt=0)
     """Accepted messages waiting for a worker before the bot answers "busy"."""
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
@@ -280,6 +292,12 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_prune_to_turns(self) -> Settings:
+        if self.prune_to_turns is not None and self.prune_to_turns > self.max_turns:
+            raise ValueError("PRUNE_TO_TURNS must not exceed MAX_TURNS")
+        return self
+
+    @model_validator(mode="after")
     def _check_attachments_dir(self) -> Settings:
         if self.attachments_dir is None:
             return self
@@ -294,6 +312,16 @@ class Settings(BaseSettings):
         ):
             raise ValueError("ATTACHMENTS_DIR must not hold the SQLite database")
         return self
+
+    @property
+    def effective_prune_to_turns(self) -> int:
+        """``PRUNE_TO_TURNS``; unset, 3/4 of the default window, or a ``MAX_TURNS`` set alone."""
+        if self.prune_to_turns is not None:
+            return self.prune_to_turns
+        if "max_turns" in self.model_fields_set:
+            # An operator who sized the window chose exactly that window.
+            return self.max_turns
+        return default_prune_to(self.max_turns)
 
     @property
     def outbox_dir(self) -> Path:

@@ -25,6 +25,8 @@ __all__ = [
     "MessageEvent",
     "OutgoingFile",
     "PlatformAdapter",
+    "SendLimits",
+    "SendPacer",
     "SendResult",
     "SessionSource",
     "StatusFailedHandler",
@@ -183,6 +185,48 @@ class OutgoingFile:
         return f'{"photo" if self.kind == "image" else "file"} "{self.file_name}"'
 
 
+@dataclass(frozen=True, slots=True)
+class SendLimits:
+    """How fast one platform account may send: what its platform documents.
+
+    The gateway paces every request of the account to these (``SendPacer``);
+    an adapter declares them as its ``send_limits``.
+    """
+
+    per_second: int
+    """Requests of the whole account in any rolling second (Telegram 30, WhatsApp 80)."""
+    per_chat_second: int | None = None
+    """Messages to one chat in any rolling second (Telegram 1); ``None``: no such limit."""
+    group_per_minute: int | None = None
+    """Messages to one group in any rolling minute (Telegram 20); ``None``: no such limit."""
+
+    def __post_init__(self) -> None:
+        for value in (self.per_second, self.per_chat_second, self.group_per_minute):
+            if value is not None and value < 1:
+                raise ValueError("send limits must be at least 1")
+
+
+@runtime_checkable
+class SendPacer(Protocol):
+    """The gateway's outbound scheduler of one platform account (see ``SendLimits``).
+
+    An adapter awaits ``turn`` right before it writes each request, and the gateway
+    tells it about the platform's flood refusals through ``refused``.
+    """
+
+    async def turn(self, chat_id: str, *, group: bool = False, optional: bool = False) -> bool:
+        """Wait until a request to ``chat_id`` may be written; True then.
+
+        ``optional`` (typing, draft previews): never waits; False means skip this one
+        (the account has a backlog or is paused)."""
+        ...
+
+    def refused(self, retry_after: float | None) -> None:
+        """The platform refused a request for flood (429, 130429): pause the account
+        for ``retry_after`` seconds (1 s if it did not say)."""
+        ...
+
+
 @runtime_checkable
 class PlatformAdapter(Protocol):
     """A messaging platform as the gateway sees it.
@@ -231,6 +275,13 @@ class PlatformAdapter(Protocol):
     closed: asyncio.Event | None = None
     """Set when the channel ended by itself (the console's end of input): the
     bot stops. ``None`` for channels that never end on their own."""
+
+    send_limits: SendLimits | None = None
+    """The platform's send limits for this account; ``None``: sends are not paced."""
+
+    pacer: SendPacer | None = None
+    """Set by the gateway before ``start`` when ``send_limits`` is set: the adapter
+    awaits ``pacer.turn`` before writing each request."""
 
     async def indicate_typing(self, event: MessageEvent) -> None:
         """Show that the bot is working on ``event``; called every few seconds."""

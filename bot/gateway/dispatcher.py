@@ -1,8 +1,15 @@
-"""Per-session FIFO work queues: sessions run in parallel, one session's turns in order."""
+"""Per-session FIFO work queues: sessions run in parallel, one session's turns in order.
+
+A handler holds one of ``max_concurrent`` slots until it returns, or until it
+calls ``release_slot()`` (a turn does once its reply is committed): the rest
+of the handler (sending the reply) still runs in the session's lane, so the
+session's order holds, but no longer counts against the limit.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -11,7 +18,7 @@ from typing import Generic, TypeVar
 
 from bot.errors import ChatflowError
 
-__all__ = ["DispatcherBusyError", "SessionDispatcher"]
+__all__ = ["DispatcherBusyError", "SessionDispatcher", "release_slot"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +32,34 @@ class DispatcherBusyError(ChatflowError):
     """
 
     retryable = True
+
+
+class _Slot:
+    """One held slot of the dispatcher's semaphore, released at most once."""
+
+    __slots__ = ("_held", "_slots")
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots = slots
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots.release()
+
+
+_current_slot: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar(
+    "chatflow_dispatcher_slot", default=None
+)
+
+
+def release_slot() -> None:
+    """Give back the running handler's slot early (no-op outside a dispatcher handler,
+    or when already given back); the handler goes on in its lane."""
+    slot = _current_slot.get()
+    if slot is not None:
+        slot.release()
 
 
 @dataclass
@@ -94,16 +129,20 @@ class SessionDispatcher(Generic[T]):
         try:
             while lane.items:
                 key, item = lane.items[0]
-                async with self._slots:
+                await self._slots.acquire()
+                slot = _Slot(self._slots)
+                token = _current_slot.set(slot)
+                try:
                     lane.items.popleft()
                     self._queued -= 1
-                    try:
-                        await self._handler(item)
-                    except Exception:
-                        # The handler owns error reporting; a lane must outlive one bad item.
-                        logger.exception("unhandled error in a turn of session %s", session_id)
-                    finally:
-                        self._keys.discard(key)
+                    await self._handler(item)
+                except Exception:
+                    # The handler owns error reporting; a lane must outlive one bad item.
+                    logger.exception("unhandled error in a turn of session %s", session_id)
+                finally:
+                    _current_slot.reset(token)
+                    slot.release()
+                    self._keys.discard(key)
         finally:
             lane.task = None
             if not lane.items:

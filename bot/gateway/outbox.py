@@ -4,6 +4,12 @@ Every reply reaches an adapter through ``Outbox.send``, which the ledger
 already holds as ``attempting`` for this process (claimed in tx 2, by a sweep
 or by ``due_retries``), so whatever happens around the send, the row says
 whether the reply may have arrived.
+
+Each adapter that declares ``send_limits`` gets its account's ``AccountPacer``
+(``bot.gateway.pacing``) here. A flood refusal (``retry_after`` set, nothing
+sent) pauses that account for the time the platform asked, and the reply is
+sent again as soon as the pause allows, not at the next retry poll; its row
+stays ``attempting`` meanwhile, so a crash still leaves it owed.
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from bot.core.media_store import MediaStore
 from bot.errors import PlatformError
 from bot.gateway.attachments import send_reply
-from bot.gateway.contract import PlatformAdapter, StatusFailedHandler
+from bot.gateway.contract import PlatformAdapter, SendResult, StatusFailedHandler
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation
+from bot.gateway.pacing import AccountPacer
 from bot.metrics import Metrics
 
 __all__ = [
     "ADAPTER_WAIT_SECONDS",
+    "FLOOD_RESENDS",
     "PRUNE_INTERVAL_SECONDS",
     "RETRY_POLL_SECONDS",
     "SWEEP_INTERVAL_SECONDS",
@@ -39,6 +47,9 @@ PRUNE_INTERVAL_SECONDS = 3600.0
 """How often delivered ledger rows and done inbox rows past retention are deleted."""
 ADAPTER_WAIT_SECONDS = 60.0
 """Delay before a reply whose adapter is disconnected is tried again."""
+FLOOD_RESENDS = 3
+"""Flood refusals of one reply resent in place (after the pause) before it is left
+to the retry poll."""
 
 
 class Outbox:
@@ -61,6 +72,23 @@ class Outbox:
         self._housekeeping = tuple(housekeeping)
         self.media = media
         """The media store of reply attachments (``Turns`` sets the media step's)."""
+        self.pacers: dict[str, AccountPacer] = {}
+        """The outbound scheduler of each adapter that declared ``send_limits``."""
+        for name, adapter in adapters.items():
+            # A structural adapter (not a PlatformAdapter subclass) may lack the hooks.
+            limits = getattr(adapter, "send_limits", None)
+            if limits is not None and getattr(adapter, "pacer", None) is None:
+                pacer = AccountPacer(limits, name=name)
+                adapter.pacer = pacer
+                self.pacers[name] = pacer
+
+    def flood(self, platform: str, exc: PlatformError) -> bool:
+        """Tell ``platform``'s pacer about a flood refusal; True if it paces that account."""
+        pacer = self.pacers.get(platform)
+        if pacer is None or exc.retry_after is None or not exc.retryable or exc.ambiguous:
+            return False
+        pacer.refused(exc.retry_after)
+        return True
 
     async def send(self, obligation: Obligation) -> None:
         """Send one owed reply the ledger holds as ``attempting`` for this process."""
@@ -83,7 +111,7 @@ class Outbox:
             self.metrics.resends.labels(obligation.platform).inc()
         try:
             # Text, then the files the reply carries (bot.gateway.attachments).
-            result = await send_reply(adapter, obligation, self.media)
+            result = await self._send_reply(adapter, obligation)
         except PlatformError as exc:
             self.metrics.send_failures.labels(obligation.platform).inc()
             logger.warning(
@@ -117,6 +145,23 @@ class Outbox:
             platform=obligation.platform,
             wait=False,
         )
+
+    async def _send_reply(self, adapter: PlatformAdapter, obligation: Obligation) -> SendResult:
+        """``send_reply``, resent in place after a flood refusal once the pause is over."""
+        for resend in range(FLOOD_RESENDS + 1):
+            try:
+                return await send_reply(adapter, obligation, self.media)
+            except PlatformError as exc:
+                # Nothing left (not ambiguous): the row is still ours and still owed.
+                if resend == FLOOD_RESENDS or not self.flood(obligation.platform, exc):
+                    raise
+                self.metrics.send_failures.labels(obligation.platform).inc()
+                logger.info(
+                    "reply %s refused for flood; resent after %.1f s",
+                    obligation.obligation_id,
+                    exc.retry_after,
+                )
+        raise AssertionError("unreachable")
 
     async def retry_due(self, *, sweep: bool = False) -> int:
         """Send the failed replies whose retry is due (and, with ``sweep``, adopt

@@ -15,7 +15,10 @@ final nor stand in for it. A crash mid-stream leaves only what the ledger and
 the inbox say: the turn re-runs, or its committed reply is resent.
 
 Flood control on a draft (``PlatformError.retry_after``) pauses the drafts for
-that long; any other failure ends them for the turn. The final is unaffected.
+that long (not the account's pacer: a draft's flood never delays the final);
+any other failure ends them for the turn. The final is unaffected. A draft is
+an optional request to the pacer (``bot.gateway.pacing``): under a backlog of
+replies it is skipped, not queued.
 """
 
 from __future__ import annotations

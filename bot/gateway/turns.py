@@ -27,6 +27,7 @@ from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError
 from bot.gateway.contract import MessageEvent, PlatformAdapter
+from bot.gateway.dispatcher import release_slot
 from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
@@ -245,6 +246,9 @@ class Turns:
             stop_drafts(drafts)  # before the final is sent: a draft never races it
             self.metrics.turn_duration.observe(loop.time() - started)
         self.metrics.turns.labels("ok").inc()
+        # Committed: the send waits on the platform's pace, not on a turn slot (the
+        # lane keeps the conversation's order; the ledger row keeps the reply owed).
+        release_slot()
         for session_id in handed:
             self.takeovers.note(session_id)
             logger.info("session %s handed to a person by its agent", session_id)
@@ -289,6 +293,7 @@ class Turns:
             logger.exception("could not record an answer for session %s", entry.session_id)
             return
         if obligation is not None:
+            release_slot()
             await self.outbox.send(obligation)
 
     async def close_in(

@@ -31,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import itertools
 import json
+import random
 import re
 import time
 from collections import deque
@@ -303,6 +305,13 @@ class FakeOpenAIServer:
         """Called with each transcription request as it arrives (e.g. to kill a client)."""
         self.stream_delay = 0.0
         """Seconds between streamed chunks when the answer does not say."""
+        self.slow: tuple[float, float] | None = None
+        """A slow model: with nothing scripted (and no ``responder``), every request is
+        answered ``slow_answer`` after a uniform random ``(low, high)`` seconds (a
+        stream: its first chunk at 30 % of that, the rest spread over the remainder)."""
+        self.slow_answer = "Your order #1001 ships tomorrow; I will let you know when it leaves."
+        """What the slow model says."""
+        self._slow_random = random.Random(1)
         self._script: deque[FakeResponse] = deque()
         self._local: LocalServer | None = None
         self._holds: list[asyncio.Event] = []
@@ -578,8 +587,21 @@ class FakeOpenAIServer:
         if not self._script:
             if self.responder is not None:
                 return self.responder(record)
+            if self.slow is not None:
+                return self._slow_reply(record)
             return self.error(500, "fake server: no scripted answer left")
         return self._script.popleft()
+
+    def _slow_reply(self, record: RecordedRequest) -> FakeResponse:
+        assert self.slow is not None
+        seconds = self._slow_random.uniform(*self.slow)
+        answer = self.reply(self.slow_answer, prompt_tokens=400, completion_tokens=60)
+        if not record.streamed:
+            return dataclasses.replace(answer, delay=seconds)
+        chunks = max(1, len(self.slow_answer) // 20)
+        return dataclasses.replace(
+            answer, delay=0.3 * seconds, chunk_chars=20, chunk_delay=0.7 * seconds / chunks
+        )
 
     async def start(self) -> None:
         """Bind a free port on 127.0.0.1 and start serving."""

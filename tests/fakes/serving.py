@@ -20,6 +20,9 @@ __all__ = ["LocalServer"]
 class LocalServer:
     """``app`` on a free 127.0.0.1 port, from ``start`` to ``stop``."""
 
+    backlog = 64
+    """Pending connections the port queues (a load test raises it: ``bench.realistic``)."""
+
     def __init__(self, app: Any, *, lifespan: Literal["on", "off"] = "off") -> None:
         self._app = app
         self._lifespan = lifespan
@@ -37,7 +40,7 @@ class LocalServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
+        sock.listen(self.backlog)
         sock.setblocking(False)
         self._socket = sock
         self.port = sock.getsockname()[1]
@@ -49,6 +52,7 @@ class LocalServer:
             http="h11",
             timeout_graceful_shutdown=1,
             access_log=False,
+            backlog=self.backlog,
         )
         server = uvicorn.Server(config)
         config.load()

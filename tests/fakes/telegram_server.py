@@ -15,6 +15,11 @@ JSON-encoded values) and mimics the behaviour the adapter relies on:
   group answers with ``migrate_to_chat_id``.
 - Injected faults per method (``inject``): 429 with ``retry_after``, 500, 403
   "bot was blocked", or a hang that never answers until ``release_hangs``.
+- Telegram's flood limits, opt-in (``enforce_limits``): a message
+  (``sendMessage``, ``sendPhoto``, ``sendDocument``) past 30 in the last second
+  per bot, 1 per chat, or 20 in the last minute per group gets 429 with
+  ``retry_after``; ``limits`` counts what was admitted and refused. Chat actions
+  and drafts (limits undocumented) are not counted.
 
 Every sent message is recorded (``sent``), and ``wait_for_sent(n)`` waits on
 a condition until ``n`` are there.
@@ -51,6 +56,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.fakes.send_limits import SendWindows, Window
 from tests.fakes.serving import LocalServer
 
 __all__ = [
@@ -360,6 +366,8 @@ class FakeTelegramServer:
         """Called with each accepted message once it is recorded, before the answer."""
         self.on_request: Callable[[RecordedRequest], None] | None = None
         """Called with every call as it arrives (recorded), before it is handled."""
+        self.limits: SendWindows | None = None
+        """Telegram's flood limits once ``enforce_limits`` was called, with their counters."""
 
         self.files: dict[str, bytes] = {}
         """Bytes of the files ``getFile`` knows, by ``file_id`` (see ``add_file``)."""
@@ -494,6 +502,28 @@ class FakeTelegramServer:
                 await self._hang_release.wait()
             self.download_bytes_sent += len(data[start : start + chunk])
             yield data[start : start + chunk]
+
+    def enforce_limits(
+        self, *, per_second: int = 30, per_chat_second: int = 1, group_per_minute: int = 20
+    ) -> SendWindows:
+        """Refuse messages past Telegram's documented limits with 429 from now on."""
+        self.limits = SendWindows(
+            Window(per_second, 1.0),
+            chat=Window(per_chat_second, 1.0),
+            group=Window(group_per_minute, 60.0),
+        )
+        return self.limits
+
+    def _flood_check(self, chat_id: int | str) -> None:
+        if self.limits is None:
+            return
+        group = not isinstance(chat_id, int) or chat_id < 0
+        wait = self.limits.check(str(chat_id), group=group)
+        if wait is not None:
+            seconds = int(wait)
+            raise _ApiError(
+                429, f"Too Many Requests: retry after {seconds}", {"retry_after": seconds}
+            )
 
     def inject(self, method: str, *faults: Fault) -> None:
         """Answer the next calls of ``method`` with these faults, in order."""
@@ -748,6 +778,7 @@ class FakeTelegramServer:
             raise _ApiError(400, "Bad Request: message text is empty")
         if utf16_len(text) > MAX_TEXT_UTF16:
             raise _ApiError(400, "Bad Request: message is too long")
+        self._flood_check(chat_id)
         parse_mode = params.get("parse_mode")
         if parse_mode:
             problem = (
@@ -802,6 +833,7 @@ class FakeTelegramServer:
             raise _ApiError(400, f"Bad Request: there is no {name} in the request")
         if name == "photo" and not upload.data.startswith((b"\xff\xd8\xff", b"\x89PNG")):
             raise _ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED")
+        self._flood_check(chat_id)
         thread = params.get("message_thread_id")
         key = str(chat_id)
         message_id = self._message_ids.get(key, 1000) + 1

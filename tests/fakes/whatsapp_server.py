@@ -22,6 +22,11 @@ Media out: ``POST /v<version>/<phone_id>/media`` (multipart, as pywa's
 upload is recorded in ``uploads`` with the bytes received. An ``image`` or
 ``document`` message must name an uploaded id (else Meta's 400, code 100);
 ``media_sent`` pairs each accepted media message with its upload.
+
+Throughput, opt-in (``enforce_limits``): a message past ``per_second`` accepted
+in the last second gets Meta's 130429 "(#130429) Rate limit hit" (no
+Retry-After, as Meta); ``limits`` counts what was admitted and refused. Read
+and typing receipts are not counted.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from tests.fakes.send_limits import SendWindows, Window
 from tests.fakes.serving import LocalServer
 from tests.fakes.whatsapp_webhook import real_wamid
 
@@ -146,6 +152,8 @@ class FakeWhatsAppServer:
         """The wamid answered to each entry of ``sent``, in the same order."""
         self.on_send: Callable[[RecordedRequest], None] | None = None
         """Called with each accepted (or held) send once it is recorded, before the answer."""
+        self.limits: SendWindows | None = None
+        """The number's throughput once ``enforce_limits`` was called, with its counters."""
         self.port = 0
         self._errors: deque[InjectedError] = deque()
         self._hangs = 0
@@ -209,6 +217,11 @@ class FakeWhatsAppServer:
             retry_after=retry_after,
         )
         self._errors.extend([error] * times)
+
+    def enforce_limits(self, per_second: int = 80) -> SendWindows:
+        """Refuse messages past ``per_second`` in any second with 130429 from now on."""
+        self.limits = SendWindows(Window(per_second, 1.0))
+        return self.limits
 
     def inject_hang(self, times: int = 1) -> None:
         """Hold the next ``times`` sends open until ``release_hangs`` or ``stop``."""
@@ -400,6 +413,9 @@ class FakeWhatsAppServer:
         if invalid is not None:
             await self._record(self.rejected, record)
             return _error(400, 100, invalid, subcode=2494010)
+        if self.limits is not None and self.limits.check(str(body.get("to")), group=False):
+            await self._record(self.rejected, record)
+            return _error(400, 130429, DEFAULT_ERROR_MESSAGES[130429][1])
         if self._errors:
             error = self._errors.popleft()
             await self._record(self.rejected, record)

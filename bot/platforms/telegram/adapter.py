@@ -48,6 +48,8 @@ from bot.gateway.contract import (
     MediaAttachment,
     MessageEvent,
     PlatformAdapter,
+    SendLimits,
+    SendPacer,
     SendResult,
 )
 from bot.platforms.telegram.drafts import TelegramDrafts
@@ -60,6 +62,7 @@ from bot.platforms.telegram.errors import (
 )
 from bot.platforms.telegram.mapping import GENERAL_TOPIC_ID, PLATFORM, map_update, migration_notice
 from bot.platforms.telegram.media import FileDownloads
+from bot.platforms.telegram.pacing import SEND_LIMITS, take_turn
 from bot.platforms.telegram.polling import Backoff, TelegramPoller
 from bot.platforms.telegram.request import AppType, build_application
 from bot.platforms.telegram.send_media import TelegramFiles
@@ -107,6 +110,11 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
     """Platform name used in session keys and ledger rows."""
     max_text_len: int = 4096
     """Telegram's limit, in UTF-16 code units."""
+    send_limits: SendLimits | None = SEND_LIMITS
+    """Telegram's flood limits, which the gateway's pacer applies to every request."""
+    pacer: SendPacer | None = None
+    """The gateway's pacer for this bot (set before ``start``); ``None``: PTB's own
+    rate limiter paces messages instead."""
 
     def __init__(
         self,
@@ -205,7 +213,11 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
             if self._app is not None:
                 raise RuntimeError("TelegramAdapter is already started")
             app = build_application(
-                self._token, self._base_url, self._timeouts, self._file_base_url
+                self._token,
+                self._base_url,
+                self._timeouts,
+                self._file_base_url,
+                rate_limited=self.pacer is None,
             )
             try:
                 await self._initialize(app)
@@ -435,6 +447,7 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
     ) -> Message:
         bot = app.bot
         if self._parse_mode is not None:
+            await take_turn(self.pacer, chat_id)
             try:
                 message: Message = await bot.send_message(
                     chat_id,
@@ -448,6 +461,7 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
                 if _PARSE_ERROR not in str(exc).lower():
                     raise
                 logger.debug("Telegram could not parse the formatting; sending plain text")
+        await take_turn(self.pacer, chat_id)
         plain: Message = await bot.send_message(
             chat_id, text, message_thread_id=thread_id, reply_parameters=reply
         )
@@ -482,6 +496,8 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
         chat: int | str = self._migrated.get(source.chat_id, _parse_chat_id(source.chat_id))
         thread = source.thread_id
         topic = int(thread) if thread not in (None, GENERAL_TOPIC_ID) else None
+        if not await take_turn(self.pacer, chat, optional=True):
+            return  # replies are waiting for the account's budget: they say more
         try:
             with map_telegram_errors(self._token):
                 await app.bot.send_chat_action(chat, ChatAction.TYPING, message_thread_id=topic)

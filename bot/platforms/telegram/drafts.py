@@ -19,9 +19,10 @@ from typing import Literal
 from telegram.error import BadRequest
 
 from bot.errors import PlatformError
-from bot.gateway.contract import MessageEvent
+from bot.gateway.contract import MessageEvent, SendPacer
 from bot.platforms.telegram.errors import map_telegram_errors
 from bot.platforms.telegram.mapping import GENERAL_TOPIC_ID, PLATFORM
+from bot.platforms.telegram.pacing import take_turn
 from bot.platforms.telegram.request import AppType
 from bot.platforms.text import split_text, utf16_len
 
@@ -51,6 +52,7 @@ class TelegramDrafts:
     _app: AppType | None
     _token: str
     _parse_mode: Literal["Markdown", "MarkdownV2", "HTML"] | None
+    pacer: SendPacer | None
 
     draft_seconds: float = DRAFT_INTERVAL
     """Seconds between two drafts of one answer."""
@@ -60,7 +62,8 @@ class TelegramDrafts:
         return self.draft_seconds if event.source.chat_type == "dm" else None
 
     async def send_draft(self, event: MessageEvent, draft_id: int, text: str) -> None:
-        """``sendMessageDraft`` of ``text`` (``""``: Telegram's "Thinking..." placeholder)."""
+        """``sendMessageDraft`` of ``text`` (``""``: Telegram's "Thinking..." placeholder);
+        skipped when the account's pacer has replies waiting."""
         app = self._app
         if app is None:
             raise PlatformError("Telegram adapter is not started", platform=PLATFORM)
@@ -74,6 +77,8 @@ class TelegramDrafts:
                 "Telegram draft ids must be numeric", platform=PLATFORM, code="bad_id"
             ) from exc
         shown = draft_text(text)
+        if not await take_turn(self.pacer, chat, optional=True):
+            return  # replies are waiting for the account's budget: no preview now
         with map_telegram_errors(self._token):
             if self._parse_mode is not None and shown:
                 try:

@@ -1,6 +1,7 @@
 """How the adapter sets up python-telegram-bot: its ``Application`` and two request tweaks.
 
-- ``_TypingExemptRateLimiter``: PTB's rate limiter, except for chat actions.
+- ``_TypingExemptRateLimiter``: PTB's rate limiter, except for chat actions (only
+  without the gateway's pacer, ``bot.platforms.telegram.pacing``).
 - ``_ReadableUpdatesRequest``: the getUpdates transport, which cuts an update
   PTB cannot read down to its ``update_id`` so that it cannot stall polling.
 
@@ -135,11 +136,15 @@ def build_application(
     base_url: str,
     timeouts: tuple[float, float, float, float],
     file_base_url: str | None = None,
+    *,
+    rate_limited: bool = True,
 ) -> AppType:
     """A PTB ``Application`` without an ``Updater``, with both tweaks installed.
 
     ``timeouts`` are (connect, read, write, pool) seconds for every request;
     ``file_base_url`` is where files are downloaded (else derived from ``base_url``).
+    ``rate_limited=False`` leaves PTB's limiter out: the gateway's pacer paces the
+    requests, and PTB's leaky bucket would let bursts of twice the limit through.
     """
     connect, read, write, pool = timeouts
     builder = (
@@ -148,7 +153,6 @@ def build_application(
         .base_url(base_url)
         .base_file_url(file_base_url or _file_url_for(base_url))
         .updater(None)
-        .rate_limiter(_TypingExemptRateLimiter(max_retries=0))
         .connect_timeout(connect)
         .read_timeout(read)
         .write_timeout(write)
@@ -162,5 +166,8 @@ def build_application(
             )
         )
     )
+    if rate_limited:
+        limited: AppType = builder.rate_limiter(_TypingExemptRateLimiter(max_retries=0)).build()
+        return limited
     app: AppType = builder.build()
     return app

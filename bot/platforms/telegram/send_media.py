@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from telegram import Bot, InputFile, Message
 
 from bot.errors import PlatformError
-from bot.gateway.contract import OutgoingFile, SendResult
+from bot.gateway.contract import OutgoingFile, SendPacer, SendResult
 from bot.platforms.telegram.errors import map_telegram_errors, partly_sent
 from bot.platforms.telegram.mapping import GENERAL_TOPIC_ID, PLATFORM
+from bot.platforms.telegram.pacing import take_turn
 from bot.platforms.telegram.request import AppType
 
 __all__ = ["MAX_PHOTO_BYTES", "TelegramFiles", "send_files"]
@@ -45,8 +46,10 @@ async def send_files(
     *,
     thread_id: str | None,
     token: str,
+    pacer: SendPacer | None = None,
 ) -> SendResult:
-    """Send ``files`` to ``chat_id`` (topic ``thread_id``); ``PlatformError`` on failure."""
+    """Send ``files`` to ``chat_id`` (topic ``thread_id``), each at its ``pacer`` turn;
+    ``PlatformError`` on failure."""
     try:
         topic = int(thread_id) if thread_id not in (None, GENERAL_TOPIC_ID) else None
     except ValueError as exc:
@@ -55,6 +58,7 @@ async def send_files(
         ) from exc
     ids: list[str] = []
     for index, file in enumerate(files):
+        await take_turn(pacer, chat_id)
         try:
             with map_telegram_errors(token):
                 sent = await _send_one(bot, chat_id, file, topic)
@@ -78,6 +82,7 @@ class TelegramFiles:
 
     _token: str
     _migrated: dict[str, int]
+    pacer: SendPacer | None
 
     def _require_app(self) -> AppType:
         raise NotImplementedError
@@ -96,4 +101,6 @@ class TelegramFiles:
         target: int | str = self._migrated.get(chat_id) or (
             int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
         )
-        return await send_files(app.bot, target, files, thread_id=thread_id, token=self._token)
+        return await send_files(
+            app.bot, target, files, thread_id=thread_id, token=self._token, pacer=self.pacer
+        )

@@ -49,6 +49,8 @@ from bot.gateway.contract import (
     MediaAttachment,
     MessageEvent,
     PlatformAdapter,
+    SendLimits,
+    SendPacer,
     SendResult,
     StatusFailedHandler,
 )
@@ -67,6 +69,7 @@ from bot.platforms.whatsapp.send_media import WhatsAppFiles
 
 __all__ = [
     "DEFAULT_API_VERSION",
+    "DEFAULT_MESSAGES_PER_SECOND",
     "MAX_BODY_BYTES",
     "RETRYABLE_CODES",
     "WEBHOOK_PATH",
@@ -77,6 +80,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_MESSAGES_PER_SECOND = 80
+"""Meta's default throughput of one business number (messages per second)."""
 WEBHOOK_PATH = "/webhooks/whatsapp"
 """Where Meta's webhook calls arrive (configure ``<public url>/webhooks/whatsapp``)."""
 
@@ -142,6 +147,7 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
         api_version: str = DEFAULT_API_VERSION,
         insecure_dev: bool = False,
         send_pause: float = 1.0,
+        messages_per_second: int = DEFAULT_MESSAGES_PER_SECOND,
         timeout: float = 30.0,
         max_body_bytes: int = MAX_BODY_BYTES,
         media_hosts: Iterable[str] = (),
@@ -153,6 +159,10 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
         self.api_version = api_version
         self.insecure_dev = insecure_dev
         self.send_pause = send_pause
+        # The number's throughput (Meta: 80 per second, more on higher tiers); the
+        # gateway's pacer holds every message and typing call to it.
+        self.send_limits: SendLimits | None = SendLimits(per_second=messages_per_second)
+        self.pacer: SendPacer | None = None
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.on_status_failed: StatusFailedHandler | None = None
@@ -421,6 +431,7 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
                     retryable=True,
                     ambiguous=index > 0,
                 )
+            await self._take_turn(chat_id)
             try:
                 sent = await wa.send_message(
                     to=chat_id,
@@ -463,10 +474,19 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
         window = int(self._clock() // _TYPING_REFRESH_SECONDS)
         if wa is None or not self._typed_ids.add(f"{event.message_id}#{window}"):
             return
+        if not await self._take_turn(event.source.chat_id, optional=True):
+            return  # replies are waiting for the number's throughput: they come first
         try:
             await wa.indicate_typing(event.message_id)
         except (WhatsAppError, httpx.HTTPError) as exc:
             logger.debug("WhatsApp typing indicator failed: %s", type(exc).__name__)
+
+    async def _take_turn(self, chat_id: str, *, optional: bool = False) -> bool:
+        """Wait for the pacer's turn to write a request (True); False: skip an optional one."""
+        pacer = self.pacer
+        if pacer is None:
+            return True
+        return await pacer.turn(chat_id, group=is_group_chat_id(chat_id), optional=optional)
 
 
 async def _pause(seconds: float) -> None:

@@ -2,7 +2,8 @@
 
 - A Meta error (``WhatsAppError``) is retryable when its code is in
   ``RETRYABLE_CODES``, pywa calls it transient, or the HTTP status is 5xx;
-  ``retry_after`` comes from a ``Retry-After`` header. Every other code is
+  ``retry_after`` comes from a ``Retry-After`` header (1 s for a throughput
+  refusal, 130429, without one: the gateway pauses the number). Every other code is
   permanent; auth codes are logged at ERROR (the operator must act).
 - A transport error (``httpx.HTTPError``) is retryable, and ``ambiguous``
   unless the request provably never left: a connect error, a connect timeout
@@ -21,10 +22,21 @@ from pywa_async.errors import WhatsAppError
 from bot.errors import PlatformError
 from bot.platforms.whatsapp.payload import PLATFORM
 
-__all__ = ["RETRYABLE_CODES", "api_error", "transport_error"]
+__all__ = [
+    "RETRYABLE_CODES",
+    "THROUGHPUT_CODE",
+    "THROUGHPUT_RETRY_AFTER",
+    "api_error",
+    "transport_error",
+]
 
 # The adapter's logger: the split into modules does not rename what operators filter on.
 logger = logging.getLogger("bot.platforms.whatsapp")
+
+THROUGHPUT_CODE = 130429
+"""Meta's refusal past the number's messages per second."""
+THROUGHPUT_RETRY_AFTER = 1.0
+"""The pause a throughput refusal asks for when Meta names none (its window is 1 s)."""
 
 RETRYABLE_CODES: frozenset[int] = frozenset(
     {
@@ -56,6 +68,9 @@ def api_error(exc: WhatsAppError, index: int, total: int) -> PlatformError:
     retry_after = None
     if exc.raw_response is not None:
         retry_after = _retry_after(exc.raw_response.headers.get("retry-after"))
+    if code == THROUGHPUT_CODE and retry_after is None:
+        # Meta sends no Retry-After here: the number's window is one second.
+        retry_after = THROUGHPUT_RETRY_AFTER
     level = logging.ERROR if code in _AUTH_CODES else logging.WARNING
     logger.log(
         level,

@@ -20,9 +20,9 @@ from pywa_async.client import WhatsApp
 from pywa_async.errors import WhatsAppError
 
 from bot.errors import PlatformError
-from bot.gateway.contract import OutgoingFile, SendResult
+from bot.gateway.contract import OutgoingFile, SendPacer, SendResult
 from bot.platforms.whatsapp.errors import api_error, transport_error
-from bot.platforms.whatsapp.payload import PLATFORM
+from bot.platforms.whatsapp.payload import PLATFORM, is_group_chat_id
 
 __all__ = ["WhatsAppFiles", "send_files"]
 
@@ -50,13 +50,21 @@ async def _send_one(wa: WhatsApp, chat_id: str, file: OutgoingFile) -> str:
 
 
 async def send_files(
-    wa: WhatsApp, chat_id: str, files: Sequence[OutgoingFile], *, pause: float
+    wa: WhatsApp,
+    chat_id: str,
+    files: Sequence[OutgoingFile],
+    *,
+    pause: float,
+    pacer: SendPacer | None = None,
 ) -> SendResult:
-    """Upload and send each of ``files`` to ``chat_id``; ``PlatformError`` on failure."""
+    """Upload and send each of ``files`` to ``chat_id``, each at its ``pacer`` turn;
+    ``PlatformError`` on failure."""
     ids: list[str] = []
     for index, file in enumerate(files):
         if index and pause > 0:
             await asyncio.sleep(pause)
+        if pacer is not None:
+            await pacer.turn(chat_id, group=is_group_chat_id(chat_id))
         try:
             ids.append(await _send_one(wa, chat_id, file))
         except WhatsAppError as exc:
@@ -74,6 +82,7 @@ class WhatsAppFiles:
     _wa: WhatsApp | None
     _sent_ids: _Ids
     send_pause: float
+    pacer: SendPacer | None
 
     async def send_attachments(
         self,
@@ -90,7 +99,7 @@ class WhatsAppFiles:
             raise PlatformError(
                 "WhatsApp adapter is not started", platform=PLATFORM, retryable=True
             )
-        result = await send_files(wa, chat_id, files, pause=self.send_pause)
+        result = await send_files(wa, chat_id, files, pause=self.send_pause, pacer=self.pacer)
         for message_id in result.message_ids:
             self._sent_ids.add(message_id)  # a reply quoting the file is a reply to the bot
         return result

@@ -265,7 +265,8 @@ async def test_meta_errors_are_mapped(
     assert error.code == code
     assert error.retryable is retryable
     assert error.ambiguous is False
-    assert error.retry_after is None
+    # A throughput refusal names no Retry-After: the number's 1-s window is the wait.
+    assert error.retry_after == (1.0 if code == 130429 else None)
     assert str(code) in str(error)
     assert isinstance(error.__cause__, Exception)
 
