@@ -29,7 +29,7 @@ from telegram.error import BadRequest, TelegramError
 
 from bot.errors import MediaError, PlatformError
 from bot.gateway.contract import MediaAttachment
-from bot.platforms.media_errors import media_gone, media_too_big
+from bot.platforms.media_download import media_gone, media_too_big, read_capped
 from bot.platforms.telegram.errors import translate_error
 from bot.platforms.telegram.mapping import PLATFORM
 
@@ -116,14 +116,7 @@ async def _stream(
         if response.status_code >= 400:
             logger.info("Telegram file download answered HTTP %d", response.status_code)
             raise media_gone(media)
-        chunks: list[bytes] = []
-        total = 0
-        async for chunk in response.aiter_bytes():
-            total += len(chunk)
-            if total > max_bytes:
-                raise media_too_big(media, max_bytes)
-            chunks.append(chunk)
-    return b"".join(chunks)
+        return await read_capped(response, media, max_bytes)
 
 
 def _read_local(path: Path, media: MediaAttachment, max_bytes: int) -> bytes:

@@ -29,7 +29,7 @@ from pywa_async.errors import WhatsAppError
 
 from bot.errors import ConfigurationError, MediaError, PlatformError
 from bot.gateway.contract import MediaAttachment
-from bot.platforms.media_errors import media_gone, media_too_big
+from bot.platforms.media_download import media_gone, media_too_big, read_capped
 from bot.platforms.whatsapp.errors import RETRYABLE_CODES
 from bot.platforms.whatsapp.payload import PLATFORM
 
@@ -193,14 +193,7 @@ async def _download(
             if response.status_code >= 400:
                 logger.info("WhatsApp media download answered HTTP %d", response.status_code)
                 raise media_gone(media)
-            chunks: list[bytes] = []
-            total = 0
-            async for chunk in response.aiter_bytes():
-                total += len(chunk)
-                if total > max_bytes:
-                    raise media_too_big(media, max_bytes)
-                chunks.append(chunk)
-            return b"".join(chunks)
+            return await read_capped(response, media, max_bytes)
         finally:
             await response.aclose()
     logger.info("WhatsApp media download redirected more than %d times", _MAX_REDIRECTS)
