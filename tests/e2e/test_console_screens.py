@@ -338,6 +338,17 @@ def save(name: str) -> Path:
     return ARTIFACTS / name
 
 
+async def boxes(*locators: Any) -> list[Any]:
+    """The elements' boxes, once all are laid out: the live view may swap the messages
+    in between two reads, and a detached element has no box."""
+    async with asyncio.timeout(10):
+        while True:
+            found = [await locator.bounding_box() for locator in locators]
+            if all(found):
+                return found
+            await asyncio.sleep(0.05)
+
+
 async def test_the_console_at_desktop_and_phone_widths(tmp_path: Path) -> None:
     need_chromium()
     from playwright.async_api import expect
@@ -372,10 +383,11 @@ async def test_the_console_at_desktop_and_phone_widths(tmp_path: Path) -> None:
         await expect(messages.locator("li.handoff")).to_contain_text("Transferred to Billing")
         await expect(page.locator("#conv-head")).to_contain_text("Waiting")
         await expect(page.get_by_role("button", name="Hand back")).to_be_visible()
-        user_box = await messages.locator("li.user").first.bounding_box()
-        tool_box = await messages.locator("li.tool").filter(has_text="open_refund").bounding_box()
-        agent_box = await messages.locator("li.agent").last.bounding_box()
-        assert user_box and tool_box and agent_box
+        user_box, tool_box, agent_box = await boxes(
+            messages.locator("li.user").first,
+            messages.locator("li.tool").filter(has_text="open_refund"),
+            messages.locator("li.agent").last,
+        )
         assert tool_box["x"] > user_box["x"] + 100  # not in the user's column
         assert abs(tool_box["x"] + tool_box["width"] - agent_box["x"] - agent_box["width"]) < 2
         await page.screenshot(path=str(save("console-desktop.png")))
