@@ -1,4 +1,4 @@
-"""What the console reads: conversations, transcripts, the ledger (read-only SQL).
+"""What the console reads (conversations, transcripts, the ledger) and the one mark it writes.
 
 Every query is one ``store.run(body, write=False)`` over the stores' own
 tables (``chatflow_sessions``/``chatflow_messages`` of ``bot.core.stores.sql``,

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bot.config import Settings
 from tests.e2e import proof_report
 from tests.e2e.botprocess import BotProcess
 from tests.e2e.proof_world import (
@@ -177,7 +178,9 @@ async def test_proof_overload_burst_is_answered_in_order_without_drops(tmp_path:
                 f"({SESSIONS_PER_PLATFORM} WhatsApp + {SESSIONS_PER_PLATFORM} Telegram)"
             ),
             "model latency per answer": f"{MODEL_DELAY} s",
-            "MAX_QUEUED_MESSAGES / MAX_CONCURRENT_TURNS": f"{MAX_QUEUED} / 8",
+            "MAX_QUEUED_MESSAGES / MAX_CONCURRENT_TURNS": (
+                f"{MAX_QUEUED} / {Settings.model_fields['max_concurrent_turns'].default}"
+            ),
             "webhook answers 200 / 503 busy": f"{answers[200]} / {answers[503]}",
             "messages refused while the queue was full (bot metric)": seen[
                 "chatflow_messages_busy_total"

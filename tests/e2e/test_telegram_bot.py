@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from bot.gateway.ledger.obligations import RECOVERED_MARKER
 from tests.e2e.botprocess import BotProcess
+from tests.e2e.telegram_bot_fixtures import bot, telegram
 from tests.fakes.telegram_server import FakeTelegramServer, Fault
+
+__all__ = ["bot", "telegram"]  # the fixtures, imported for this module's tests
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "telegram"
 
@@ -22,23 +22,6 @@ def update(name: str, update_id: int, **message: Any) -> dict[str, Any]:
     payload["update_id"] = update_id
     payload["message"].update(message)
     return payload
-
-
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegramServer]:
-    async with FakeTelegramServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def bot(tmp_path: Path, telegram: FakeTelegramServer) -> AsyncIterator[BotProcess]:
-    process = BotProcess(
-        tmp_path / "data",
-        {"TELEGRAM_BOT_TOKEN": telegram.token, "TELEGRAM_API_BASE_URL": telegram.base_url},
-    )
-    await process.start()
-    yield process
-    await process.kill()
 
 
 async def test_dm_and_group_mention_are_answered_and_plain_group_talk_is_not(

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.e2e.botprocess import BotProcess
+from tests.e2e.telegram_bot_fixtures import bot, telegram
 from tests.fakes.telegram_server import FakeTelegramServer
+
+__all__ = ["bot", "telegram"]  # the fixtures, imported for this module's tests
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "telegram"
 DMS = 90
@@ -28,23 +28,6 @@ GROUP_ID = -1001234567890
 def payload(name: str) -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
     return loaded
-
-
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegramServer]:
-    async with FakeTelegramServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def bot(tmp_path: Path, telegram: FakeTelegramServer) -> AsyncIterator[BotProcess]:
-    process = BotProcess(
-        tmp_path / "data",
-        {"TELEGRAM_BOT_TOKEN": telegram.token, "TELEGRAM_API_BASE_URL": telegram.base_url},
-    )
-    await process.start()
-    yield process
-    await process.kill()
 
 
 async def test_replies_due_at_once_are_paced_to_telegrams_limits_with_no_429(
