@@ -174,11 +174,14 @@ class Harness:
         await self.store.close()
 
 
-async def start_harness(directory: Path) -> Harness:
-    """A gateway as ``bot/app.py`` builds it, on ``directory/chatflow.db``."""
+async def start_harness(directory: Path, *, light: bool = False) -> Harness:
+    """A gateway as ``bot/app.py`` builds it, on ``directory/chatflow.db``.
+
+    ``light``: count commits and hops without a trace callback (no breakdown by kind).
+    """
     settings = Settings(_env_file=None, data_dir=directory)
     store = SQLiteSessionStore(str(settings.database_path), default_max_turns=settings.max_turns)
-    counter = CommitCounter()
+    counter = CommitCounter(light=light)
     await counter.attach(store)
     agent = Agent(name="Support", instructions="Answer briefly.")
     runner = Runner(agent, store, model=InstantModel())
@@ -214,9 +217,10 @@ def _bytes_written() -> int:
     return -1
 
 
-async def measure_level(directory: Path, sessions: int) -> dict[str, Any]:
-    """Warm up, then measure ``sessions`` concurrent closed-loop sessions."""
-    harness = await start_harness(directory)
+async def measure_level(directory: Path, sessions: int, *, light: bool = False) -> dict[str, Any]:
+    """Warm up, then measure ``sessions`` concurrent closed-loop sessions (``light``: see
+    ``start_harness``)."""
+    harness = await start_harness(directory, light=light)
     try:
         await _closed_loop(harness, sessions, WARMUP_SECONDS)
         await harness.gateway._dispatcher.drain(30)

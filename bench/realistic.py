@@ -7,7 +7,9 @@ served from this process:
 
 - a model answering every request after U(1, 3) s (``FakeOpenAIServer.slow``);
 - **Telegram**: webhook mode; ``--sessions`` private chats (1,000) write at
-  once, POSTed through 40 connections (Telegram's default ``max_connections``);
+  once, POSTed through 40 connections (Telegram's default ``max_connections``)
+  from a child process with a raw HTTP/1.1 client (``bench.webhook_burst``: a
+  generator sharing the fakes' loop and CPU would add its own lag to the figure);
   the fake Bot API answers 429 past 30 messages per second per bot, 1 per
   second per chat, 20 per minute per group (``enforce_limits``);
 - **WhatsApp**: as many users, their signed webhooks through 40 connections;
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
+import json
 import os
 import statistics
 import sys
@@ -38,9 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.common import bench_tmpdir, percentile, print_table, read_result, write_result
+from bench.webhook_burst import burst, encode_request
 from tests.e2e.botprocess import BotProcess
 from tests.fakes import serving
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -132,51 +135,47 @@ def _peak(times: list[float], seconds: float) -> int:
 
 async def _burst(
     run: Run,
-    post: Callable[[httpx.AsyncClient, int], Awaitable[httpx.Response]],
+    url: str,
+    requests: list[bytes],
     bot: BotProcess,
     wait_sent: Callable[[float], Awaitable[object]],
     *,
     within: float,
 ) -> tuple[float, float]:
-    """POST every message through ``CONNECTIONS`` connections, sample the bot until
-    every reply is sent; returns (bot CPU seconds from the burst on, run seconds)."""
+    """POST every encoded request through ``CONNECTIONS`` connections (from a child
+    process, ``bench.webhook_burst``), sample the bot until every reply is sent;
+    returns (bot CPU seconds from the burst on, run seconds)."""
     assert bot.proc is not None
     pid = bot.proc.pid
-    gate = asyncio.Semaphore(CONNECTIONS)
-    acked = 0
-    limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
     done = asyncio.Event()
+    rss: list[tuple[float, int]] = []
 
     async def sampler() -> None:
         while not done.is_set():
-            run.samples.append((time.monotonic(), _proc_rss_kib(pid), acked - len(run.sent_at)))
+            rss.append((time.monotonic(), _proc_rss_kib(pid)))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), SAMPLE_SECONDS)
 
-    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-
-        async def one(i: int) -> None:
-            nonlocal acked
-            async with gate:
-                started = time.monotonic()
-                try:
-                    status = (await post(client, i)).status_code
-                except httpx.HTTPError:
-                    status = -1
-                run.acks.append(time.monotonic() - started)
-                run.statuses[status] = run.statuses.get(status, 0) + 1
-                acked += status == 200
-
-        cpu0 = _proc_cpu_s(pid)
-        started = time.monotonic()
-        sampling = asyncio.create_task(sampler())
-        try:
-            await asyncio.gather(*(one(i) for i in range(run.sessions)))
-            await wait_sent(within)
-        finally:
-            done.set()
-            await sampling
-        return _proc_cpu_s(pid) - cpu0, time.monotonic() - started
+    cpu0 = _proc_cpu_s(pid)
+    started = time.monotonic()
+    sampling = asyncio.create_task(sampler())
+    try:
+        answers = await burst(url, requests, CONNECTIONS)
+        await wait_sent(within)
+    finally:
+        done.set()
+        await sampling
+    cpu = _proc_cpu_s(pid) - cpu0
+    for status, sent, answered in answers:
+        run.acks.append(answered - sent)
+        run.statuses[status] = run.statuses.get(status, 0) + 1
+    # Messages in flight at each sample: accepted (answered 200) and not yet replied to.
+    accepted = sorted(answered for status, _, answered in answers if status == 200)
+    replied = sorted(run.sent_at)
+    for at, kib in rss:
+        in_flight = bisect.bisect_right(accepted, at) - bisect.bisect_right(replied, at)
+        run.samples.append((at, kib, in_flight))
+    return cpu, time.monotonic() - started
 
 
 async def _model() -> FakeOpenAIServer:
@@ -250,16 +249,17 @@ async def telegram_run(sessions: int, *, turns: int | None = None) -> dict[str, 
                         },
                     }
 
-                async def post(client: httpx.AsyncClient, i: int) -> httpx.Response:
-                    return await client.post(
-                        f"{bot.url}/webhooks/telegram", json=update(i), headers=headers
-                    )
+                url = f"{bot.url}/webhooks/telegram"
+                requests = [
+                    encode_request(url, json.dumps(update(i)).encode(), headers)
+                    for i in range(sessions)
+                ]
 
                 async def wait_sent(within: float) -> None:
                     await telegram.wait_for_sent(sessions, within=within)
 
                 cpu, took = await _burst(
-                    run, post, bot, wait_sent, within=sessions / TELEGRAM_RATE * 3 + 60
+                    run, url, requests, bot, wait_sent, within=sessions / TELEGRAM_RATE * 3 + 60
                 )
                 figures = run.figures(
                     refusals=limits.refused, cpu_s=cpu, idle_rss=idle_rss, took=took
@@ -295,17 +295,23 @@ async def whatsapp_run(sessions: int) -> dict[str, Any]:
                     f"{bot.url}/webhooks/whatsapp", APP_SECRET, phone_number_id=graph.phone_id
                 )
 
-                async def post(client: httpx.AsyncClient, i: int) -> httpx.Response:
+                requests = []
+                for i in range(sessions):
                     body = sender.encode(
                         sender.text("hello, where is my order #1001?", wa_id=f"1650{i:07d}")
                     )
-                    return await client.post(sender.url, content=body, headers=sender.headers(body))
+                    requests.append(encode_request(sender.url, body, sender.headers(body)))
 
                 async def wait_sent(within: float) -> None:
                     await graph.wait_for_sent(sessions, within=within)
 
                 cpu, took = await _burst(
-                    run, post, bot, wait_sent, within=sessions / WHATSAPP_RATE * 3 + 60
+                    run,
+                    sender.url,
+                    requests,
+                    bot,
+                    wait_sent,
+                    within=sessions / WHATSAPP_RATE * 3 + 60,
                 )
                 figures = run.figures(
                     refusals=limits.refused, cpu_s=cpu, idle_rss=idle_rss, took=took

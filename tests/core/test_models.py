@@ -215,6 +215,26 @@ async def test_plain_answer_and_request_shape(
     assert request.headers["authorization"] == "Bearer sk-test"
 
 
+async def test_the_request_body_is_sent_as_built(
+    server: FakeOpenAIServer, client: OpenAICompatibleModel
+) -> None:
+    # The client posts the JSON it built, unchanged: no key added, none dropped or renamed
+    # (it bypasses the SDK's per-message request transform, which only costs CPU here).
+    server.add(server.reply("hello"))
+    history = [user("where is order 1001?"), Message(role=Role.MODEL, content="Looking.")]
+    history.append(user("and 1002?"))
+    await complete(client, history)
+    [request] = server.chat_requests
+    assert set(request.body) == {"model", "messages", "tools"}
+    assert request.body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "where is order 1001?"},
+        {"role": "assistant", "content": "Looking."},
+        {"role": "user", "content": "and 1002?"},
+    ]
+    assert request.body["tools"][0]["function"]["name"] == "lookup_order"
+
+
 async def test_tool_calls_are_parsed(
     server: FakeOpenAIServer, client: OpenAICompatibleModel
 ) -> None:
