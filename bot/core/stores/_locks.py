@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import Hashable
+from types import TracebackType
 
 __all__ = ["KeyedLocks"]
 
@@ -17,6 +17,45 @@ class _LockEntry:
         self.users = 0
 
 
+class _Held:
+    """``async with`` one key's lock (a class, not a generator: every turn takes two)."""
+
+    __slots__ = ("_entries", "_entry", "_key")
+
+    def __init__(self, entries: dict[Hashable, _LockEntry], key: Hashable) -> None:
+        self._entries = entries
+        self._key = key
+        self._entry: _LockEntry | None = None
+
+    async def __aenter__(self) -> None:
+        entry = self._entries.get(self._key)
+        if entry is None:
+            entry = self._entries[self._key] = _LockEntry()
+        entry.users += 1
+        try:
+            await entry.lock.acquire()
+        except BaseException:
+            self._leave(entry)
+            raise
+        self._entry = entry
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        entry, self._entry = self._entry, None
+        assert entry is not None, "released a lock that was not held"
+        entry.lock.release()
+        self._leave(entry)
+
+    def _leave(self, entry: _LockEntry) -> None:
+        entry.users -= 1
+        if entry.users == 0:
+            del self._entries[self._key]
+
+
 class KeyedLocks:
     """Per-key asyncio locks that exist only while someone holds or waits for them."""
 
@@ -26,17 +65,6 @@ class KeyedLocks:
     def __len__(self) -> int:
         return len(self._entries)
 
-    @asynccontextmanager
-    async def hold(self, key: Hashable) -> AsyncIterator[None]:
+    def hold(self, key: Hashable) -> _Held:
         """Hold the lock for ``key`` for the duration of the ``async with`` block."""
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._entries[key] = _LockEntry()
-        entry.users += 1
-        try:
-            async with entry.lock:
-                yield
-        finally:
-            entry.users -= 1
-            if entry.users == 0:
-                del self._entries[key]
+        return _Held(self._entries, key)

@@ -42,7 +42,7 @@ import os
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -399,14 +399,20 @@ class SQLiteSessionStore(SQLSessionStore):
 
     # -- sessions -------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def session_lock(self, session_id: str) -> AsyncIterator[None]:
+    def session_lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Serialise turns of ``session_id`` across every store instance on this file.
 
         Not re-entrant. Locks are keyed by (resolved database path, session id)
         and exist only while held or awaited.
         """
         validate_session_id(session_id)
+        namespace = self._lock_namespace
+        if namespace is not None:  # every turn after the first: no generator around it
+            return _SHARED_SESSION_LOCKS.hold((namespace, session_id))
+        return self._first_session_lock(session_id)
+
+    @asynccontextmanager
+    async def _first_session_lock(self, session_id: str) -> AsyncIterator[None]:
         async with _SHARED_SESSION_LOCKS.hold((await self._namespace(), session_id)):
             yield
 
