@@ -158,6 +158,8 @@ def build_adapters(
                 insecure_dev=settings.whatsapp_insecure_dev,
                 media_hosts=settings.whatsapp_media_hosts,
                 messages_per_second=settings.whatsapp_messages_per_second,
+                template_name=settings.whatsapp_template_name,
+                template_language=settings.whatsapp_template_language,
             )
         )
     if console:

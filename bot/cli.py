@@ -17,6 +17,7 @@ from typing import Any
 from bot.agents_loader import load_agents
 from bot.app import Bot, instance_lock, load_starting_agent, open_store
 from bot.config import Settings, load_settings
+from bot.core.stores.base import TransactionalStore
 from bot.data_dir import ensure_data_dir
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.access.pairing import Pairing, sender_ref
@@ -184,14 +185,19 @@ def _age(delta: timedelta) -> str:
     return f"{seconds}s"
 
 
+async def _installation_secret(store: TransactionalStore, settings: Settings) -> bytes:
+    """The key session keys are derived with: the database's on PostgreSQL (shared by
+    every process), else ``DATA_DIR/secret.key``."""
+    if store.dialect == "postgres":
+        await store.open()
+        return await load_or_create_shared_secret(store)
+    return await asyncio.to_thread(load_or_create_secret, settings.data_dir)
+
+
 async def _pairing(settings: Settings, args: argparse.Namespace) -> int:
     store = open_store(settings)
     try:
-        if store.dialect == "postgres":
-            await store.open()
-            secret = await load_or_create_shared_secret(store)
-        else:
-            secret = await asyncio.to_thread(load_or_create_secret, settings.data_dir)
+        secret = await _installation_secret(store, settings)
         pairing = Pairing(store, secret=secret, ttl_seconds=settings.pairing_code_ttl_seconds)
         await pairing.open()
         if args.action == "approve":
@@ -227,6 +233,54 @@ async def _pairing(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     finally:
         await store.close()
+
+
+async def _send(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.gateway.instances import InstanceRegistry
+    from bot.gateway.operator_send import TargetError, parse_target, queue_message
+    from bot.instance_lock import InstanceLock
+
+    def refuse(reason: str) -> int:
+        print(f"chatflow: send: {reason}", file=sys.stderr)
+        return 2
+
+    try:
+        target = parse_target(args.target)
+    except TargetError as exc:
+        return refuse(str(exc))
+    enabled = {"telegram": settings.telegram_enabled, "whatsapp": settings.whatsapp_enabled}
+    if not enabled[target.platform]:
+        setting = "TELEGRAM_BOT_TOKEN" if target.platform == "telegram" else "WHATSAPP_PHONE_ID"
+        return refuse(f"{target.platform} is not configured here (set {setting}, as for the bot)")
+    text: str = args.text
+    if text == "-":
+        text = (await asyncio.to_thread(sys.stdin.read)).rstrip("\n")
+    if not text.strip():
+        return refuse("the message is empty")
+    store = open_store(settings)
+    try:
+        secret = await _installation_secret(store, settings)
+        if store.dialect == "postgres":
+            registry = InstanceRegistry(store)
+            await registry.open()  # a database no bot has used yet has no table
+            running = bool(await registry.live())
+        else:
+            running = await asyncio.to_thread(InstanceLock(settings.data_dir).held_elsewhere)
+        # On SQLite a running bot's session locks are in its own process: writing the
+        # conversation from here could fail a turn's save, so the ledger row goes alone.
+        into_history = store.dialect == "postgres" or not running
+        obligation = await queue_message(
+            store, target, text, secret=secret, into_history=into_history
+        )
+    finally:
+        await store.close()
+    if running:
+        print(f"sent to the running bot: {obligation.obligation_id} goes out within seconds")
+    else:
+        print(
+            f"queued {obligation.obligation_id}: no bot is running; it is sent when the bot starts"
+        )
+    return 0
 
 
 async def _doctor(settings: Settings, args: argparse.Namespace) -> int:
@@ -331,6 +385,21 @@ def _parser() -> argparse.ArgumentParser:
         help="the code used, or e.g. telegram:123456789 (or telegram:user_<hex> from list)",
     )
     pairing.set_defaults(handler=_pairing)
+
+    send = sub.add_parser(
+        "send",
+        help="send a message to a chat yourself (through the ledger, exactly once)",
+        description="Owe TEXT to a chat as the operator's message: the running bot (same "
+        "DATA_DIR or DATABASE_URL) sends it within seconds; with none running it is sent "
+        "when the bot starts.",
+    )
+    send.add_argument(
+        "target",
+        metavar="PLATFORM:CHAT_ID[:THREAD_ID]",
+        help="e.g. telegram:123456789, telegram:-1001234567890:42 or whatsapp:15551234567",
+    )
+    send.add_argument("text", metavar="TEXT", help="the message; - reads it from standard input")
+    send.set_defaults(handler=_send)
 
     doctor = sub.add_parser(
         "doctor",

@@ -119,6 +119,14 @@ class Settings(BaseSettings):
     """More places the token may fetch user media from, beyond Meta's media hosts over
     https and ``WHATSAPP_API_BASE_URL``'s own origin: ``cdn.example.com`` or
     ``*.example.com`` (https), or an origin such as ``http://127.0.0.1:8081``."""
+    whatsapp_template_name: str | None = None
+    """Approved template sent instead of free-form text once a person's 24-hour window
+    is closed, the text as its body parameter ``{{1}}``; unset: such replies are
+    abandoned."""
+    whatsapp_template_language: str = Field(
+        default="en_US", pattern=r"^[a-z]{2,3}(_[A-Za-z]{2,4})?$"
+    )
+    """Language code of ``WHATSAPP_TEMPLATE_NAME`` as approved by Meta (``en_US``, ``pt_BR``)."""
 
     http_host: str = "127.0.0.1"
     """Address of the webhook, health and metrics server."""

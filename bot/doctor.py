@@ -173,6 +173,19 @@ async def _check_whatsapp(settings: Settings, client: httpx.AsyncClient) -> Chec
     return CheckResult("whatsapp", True, "phone number found")
 
 
+def _whatsapp_template(settings: Settings) -> CheckResult:
+    """``whatsapp template: reminder_v1 (en_US)``, or what happens without one."""
+    name = settings.whatsapp_template_name
+    if not name:
+        return CheckResult(
+            "whatsapp template",
+            True,
+            "not set: replies after 24 h of silence are abandoned (WHATSAPP_TEMPLATE_NAME)",
+            warning=True,
+        )
+    return CheckResult("whatsapp template", True, f"{name} ({settings.whatsapp_template_language})")
+
+
 def _access(settings: Settings) -> CheckResult:
     """``access: mode pairing (codes valid 86400 s); rate limit 20 messages / 60 s``."""
     mode = settings.effective_access_mode
@@ -224,6 +237,7 @@ async def run_checks(settings: Settings) -> int:
             results.append(await _guard("telegram", lambda: _check_telegram(settings, client)))
         if settings.whatsapp_enabled:
             results.append(await _guard("whatsapp", lambda: _check_whatsapp(settings, client)))
+            results.append(_whatsapp_template(settings))
         if not (settings.telegram_enabled or settings.whatsapp_enabled):
             web = " and the console's web chat" if settings.console_token is not None else ""
             results.append(

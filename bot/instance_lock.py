@@ -41,6 +41,24 @@ class InstanceLock:
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
 
+    def held_elsewhere(self) -> bool:
+        """Whether another process holds the lock now (a bot runs on this data directory).
+
+        A probe: a shared lock taken and given back at once (a bot starting in
+        that very microsecond would find the directory busy and say so).
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing releases the probe's lock
+        return False
+
     def release(self) -> None:
         """Give the lock up; idempotent."""
         if self._fd is not None:

@@ -28,6 +28,7 @@ __all__ = [
     "SendLimits",
     "SendPacer",
     "SendResult",
+    "ServiceWindows",
     "SessionSource",
     "StatusFailedHandler",
 ]
@@ -227,6 +228,15 @@ class SendPacer(Protocol):
         ...
 
 
+class ServiceWindows(Protocol):
+    """When people last wrote, for platforms whose free-form replies expire (WhatsApp)."""
+
+    async def is_open(self, platform: str, chat_id: str, length: float) -> bool | None:
+        """Whether ``chat_id`` wrote within the last ``length`` seconds; ``None``: never
+        recorded (try free-form and let the platform decide)."""
+        ...
+
+
 @runtime_checkable
 class PlatformAdapter(Protocol):
     """A messaging platform as the gateway sees it.
@@ -282,6 +292,13 @@ class PlatformAdapter(Protocol):
     pacer: SendPacer | None = None
     """Set by the gateway before ``start`` when ``send_limits`` is set: the adapter
     awaits ``pacer.turn`` before writing each request."""
+
+    service_window_seconds: float | None = None
+    """How long after a person's last message free-form replies are allowed
+    (WhatsApp: 24 h); ``None``: no such window, nothing is recorded."""
+
+    windows: ServiceWindows | None = None
+    """Set by the gateway before ``start`` when ``service_window_seconds`` is set."""
 
     async def indicate_typing(self, event: MessageEvent) -> None:
         """Show that the bot is working on ``event``; called every few seconds."""

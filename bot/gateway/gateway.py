@@ -41,6 +41,7 @@ from bot.gateway.media_fetch import build_media_fetcher
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.replies import Replies
 from bot.gateway.turns import Turns
+from bot.gateway.windows import ContactWindows
 from bot.metrics import Metrics
 
 __all__ = ["Gateway", "Replies"]
@@ -79,7 +80,17 @@ class Gateway:
         self.replies = replies or Replies()
         self.instances = instances
         owner = None if instances is None else instances.owner
-        self.inbox = Inbox(store, owner=None if owner is None else owner.instance_id)
+        # Platforms that allow free-form replies only for a while after the person's
+        # last message (WhatsApp: 24 h) learn that time from tx 1 of each message.
+        windowed = [a for a in adapters if getattr(a, "service_window_seconds", None)]
+        self.windows = ContactWindows(store, secret, platforms=[a.name for a in windowed])
+        for adapter in windowed:
+            adapter.windows = self.windows
+        self.inbox = Inbox(
+            store,
+            owner=None if owner is None else owner.instance_id,
+            on_accept_in=self.windows.record_in if windowed else None,
+        )
         self.ledger = DeliveryLedger(
             store,
             owner=owner,

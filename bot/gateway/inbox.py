@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
@@ -118,8 +118,12 @@ class Inbox:
         *,
         clock: Callable[[], datetime] | None = None,
         owner: str | None = None,
+        on_accept_in: Callable[[Transaction, MessageEvent], Awaitable[None]] | None = None,
     ) -> None:
+        """``on_accept_in(tx, event)`` runs in tx 1 of every message accepted (not of
+        duplicates); its errors roll tx 1 back."""
         self._store = store = require_transactional(store, "the inbox")
+        self._on_accept_in = on_accept_in
         self._clock = clock or store.now
         self._owner = owner or Owner.current().instance_id
         # On PostgreSQL other processes may take rows over: fence the turn commit.
@@ -179,6 +183,8 @@ class Inbox:
             )
             # An existing row means the message was journaled before the dedup id
             # expired: still a duplicate.
+            if inserted == 1 and self._on_accept_in is not None:
+                await self._on_accept_in(tx, event)
             return inserted == 1
 
         return await self._store.run(body)

@@ -58,6 +58,7 @@ __all__ = [
     "Route",
     "TakenOverError",
     "Takeovers",
+    "owe_operator_message",
 ]
 
 logger = logging.getLogger(__name__)
@@ -355,38 +356,74 @@ class OperatorDesk:
             raise ConversationNotFoundError("no message of this conversation says where to reply")
         adapter = self._adapters.get(route.platform)
         content = text if adapter is None else adapter.format_reply(text, OPERATOR_NAME)
-        message_ref = f"{OPERATOR_NAME}:{nonce}"
-        obligation = Obligation.owed(
-            obligation_id=compute_obligation_id(route.session_key, message_ref, content),
-            session_key=route.session_key,
-            session_id=session_id,
-            platform=route.platform,
-            chat_id=route.chat_id,
-            thread_id=route.thread_id,
-            reply_to=None,
-            content=content,
-            message_ref=message_ref,
+        obligation = await owe_operator_message(
+            self._store, self._ledger, route, session_id, text, content=content, nonce=nonce
         )
+        if obligation is None:
+            return False
+        await self._outbox.send(obligation.claimed())
+        return True
 
-        async def owe(tx: Transaction) -> None:
-            if not await self._ledger.record_in(tx, obligation, claimed=True):
-                raise _AlreadyRecordedError("this reply was recorded before")
 
-        store = self._store
-        try:
-            async with store.session_lock(session_id):
-                session = await store.get(session_id)
-                if session is None:
-                    raise ConversationNotFoundError("the conversation was deleted")
+async def owe_operator_message(
+    store: TransactionalStore,
+    ledger: DeliveryLedger,
+    route: Route,
+    session_id: str,
+    text: str,
+    *,
+    content: str,
+    nonce: str,
+    claimed: bool = True,
+    require_session: bool = True,
+    into_history: bool = True,
+) -> Obligation | None:
+    """Append ``text`` to ``session_id`` as a MODEL message named ``OPERATOR_NAME`` and
+    record its obligation (``content``, to ``route``) in the same transaction.
+
+    ``claimed``: recorded ``attempting`` for the caller, who sends it now (the
+    console); else ``pending`` under ``ledger``'s owner, for whichever gateway
+    claims it (``python -m bot send``). Without ``require_session`` a
+    conversation that does not exist yet gets the obligation alone, and so does
+    every one without ``into_history`` (a writer that cannot hold the session's
+    lock against the gateway's turns: another process on SQLite).
+    Returns ``None`` when ``nonce`` was recorded before; raises
+    ``ConversationNotFoundError`` for a missing session when it is required.
+    """
+    store = require_transactional(store, "operator replies")
+    message_ref = f"{OPERATOR_NAME}:{nonce}"
+    obligation = Obligation.owed(
+        obligation_id=compute_obligation_id(route.session_key, message_ref, content),
+        session_key=route.session_key,
+        session_id=session_id,
+        platform=route.platform,
+        chat_id=route.chat_id,
+        thread_id=route.thread_id,
+        reply_to=None,
+        content=content,
+        message_ref=message_ref,
+    )
+
+    async def owe(tx: Transaction) -> None:
+        if not await ledger.record_in(tx, obligation, claimed=claimed):
+            raise _AlreadyRecordedError("this reply was recorded before")
+
+    try:
+        async with store.session_lock(session_id):
+            session = await store.get(session_id) if into_history else None
+            if session is not None:
                 session.add_message(
                     Message(role=Role.MODEL, content=text, name=OPERATOR_NAME, id=nonce)
                 )
                 await store.save(session, also=owe)
-        except _AlreadyRecordedError:
-            return False
-        logger.info("operator reply %s owed in session %s", obligation.obligation_id, session_id)
-        await self._outbox.send(obligation.claimed())
-        return True
+            elif require_session and into_history:
+                raise ConversationNotFoundError("the conversation was deleted")
+            else:
+                await store.run(owe)
+    except _AlreadyRecordedError:
+        return None
+    logger.info("operator reply %s owed in session %s", obligation.obligation_id, session_id)
+    return obligation
 
 
 class _AlreadyRecordedError(StorageError):

@@ -23,6 +23,12 @@ upload is recorded in ``uploads`` with the bytes received. An ``image`` or
 ``document`` message must name an uploaded id (else Meta's 400, code 100);
 ``media_sent`` pairs each accepted media message with its upload.
 
+The 24-hour window: ``close_window(recipient)`` makes free-form messages to that
+recipient get Meta's 400 with code 131047, as Meta does once the person has been
+silent for 24 hours; templates (``"type": "template"``, name, language code and
+components checked) are accepted for everyone and recorded in ``templates`` too.
+``template_texts(record)`` reads the body parameters of one.
+
 Throughput, opt-in (``enforce_limits``): a message past ``per_second`` accepted
 in the last second gets Meta's 130429 "(#130429) Rate limit hit" (no
 Retry-After, as Meta); ``limits`` counts what was admitted and refused. Read
@@ -148,6 +154,10 @@ class FakeWhatsAppServer:
         """Requests answered with an error."""
         self.hung: list[RecordedRequest] = []
         """Requests held open by ``inject_hang``."""
+        self.templates: list[RecordedRequest] = []
+        """Accepted template messages (also in ``sent``)."""
+        self.closed_windows: set[str] = set()
+        """Recipients whose 24-hour window is closed: free-form text gets 131047."""
         self.sent_wamids: list[str] = []
         """The wamid answered to each entry of ``sent``, in the same order."""
         self.on_send: Callable[[RecordedRequest], None] | None = None
@@ -217,6 +227,21 @@ class FakeWhatsAppServer:
             retry_after=retry_after,
         )
         self._errors.extend([error] * times)
+
+    def close_window(self, recipient: str) -> None:
+        """Answer free-form messages to ``recipient`` with 131047 from now on."""
+        self.closed_windows.add(recipient)
+
+    @staticmethod
+    def template_texts(record: RecordedRequest) -> list[str]:
+        """The body parameters' texts of a template message, in order."""
+        components = record.json["template"].get("components", [])
+        return [
+            parameter["text"]
+            for component in components
+            if str(component.get("type", "")).lower() == "body"
+            for parameter in component.get("parameters", [])
+        ]
 
     def enforce_limits(self, per_second: int = 80) -> SendWindows:
         """Refuse messages past ``per_second`` in any second with 130429 from now on."""
@@ -416,6 +441,9 @@ class FakeWhatsAppServer:
         if self.limits is not None and self.limits.check(str(body.get("to")), group=False):
             await self._record(self.rejected, record)
             return _error(400, 130429, DEFAULT_ERROR_MESSAGES[130429][1])
+        if body.get("type") != "template" and str(body.get("to")) in self.closed_windows:
+            await self._record(self.rejected, record)
+            return _error(400, 131047, DEFAULT_ERROR_MESSAGES[131047][1])
         if self._errors:
             error = self._errors.popleft()
             await self._record(self.rejected, record)
@@ -435,6 +463,8 @@ class FakeWhatsAppServer:
         self.sent_wamids.append(json.loads(bytes(response.body))["messages"][0]["id"])
         if upload is not None:
             self.media_sent.append((record, upload))
+        if body.get("type") == "template":
+            self.templates.append(record)
         await self._record(self.sent, record)
         self._notify_send(record)
         return response
@@ -459,9 +489,34 @@ def _validate_send(body: dict[str, Any]) -> str | None:
             return "(#100) Param text['body'] must be non-empty."
         if len(text["body"]) > TEXT_LIMIT:
             return f"(#100) Param text['body'] must be at most {TEXT_LIMIT} characters long."
+    if body.get("type") == "template":
+        problem = _validate_template(body.get("template"))
+        if problem is not None:
+            return problem
     context = body.get("context")
     if context is not None and not (isinstance(context, dict) and context.get("message_id")):
         return "(#100) Invalid parameter context"
+    return None
+
+
+def _validate_template(template: object) -> str | None:
+    if not isinstance(template, dict) or not template.get("name"):
+        return "(#100) The parameter template['name'] is required."
+    language = template.get("language")
+    if not isinstance(language, dict) or not language.get("code"):
+        return "(#100) The parameter template['language']['code'] is required."
+    for component in template.get("components", []):
+        if not isinstance(component, dict) or not component.get("type"):
+            return "(#100) Invalid parameter template['components']"
+        for parameter in component.get("parameters", []):
+            if not isinstance(parameter, dict):
+                return "(#100) Invalid parameter template['components']"
+            text = parameter.get("text")
+            if parameter.get("type") == "text" and not (isinstance(text, str) and text.strip()):
+                return "(#100) Invalid parameter: a text parameter must be non-empty."
+            if isinstance(text, str) and ("\n" in text or "\t" in text or "     " in text):
+                # Meta refuses newlines, tabs and more than four spaces in a row in parameters.
+                return "(#100) Param text cannot have new-line/tab characters or more than 4 spaces"
     return None
 
 

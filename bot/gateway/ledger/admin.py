@@ -7,12 +7,12 @@ flushes the buffered delivered marks first, so it sees every send made so far.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
-from bot.gateway.instances import Owner
 from bot.gateway.ledger.core import LedgerCore, logger
 from bot.gateway.ledger.obligations import (
     COLUMNS,
+    NOBODY,
     STATES,
     TABLE,
     Obligation,
@@ -22,9 +22,6 @@ from bot.gateway.ledger.obligations import (
 )
 
 __all__ = ["LedgerAdmin"]
-
-_NOBODY: Final = Owner(0, "")
-"""Owner of rows the operator re-queued: nobody, so any sweep may claim them."""
 
 
 class LedgerAdmin(LedgerCore):
@@ -70,9 +67,9 @@ class LedgerAdmin(LedgerCore):
         """Operator: put an ``abandoned``/``failed`` row back to ``pending``.
 
         Attempts and the staleness clock restart, and the row belongs to
-        nobody, so the next ``sweep_recoverable`` of a running gateway sends it
-        (with the marker if an earlier attempt may have arrived). Returns
-        whether the row was re-queued.
+        ``NOBODY``, so the next ``due_retries`` poll of a running gateway (or
+        the sweep of the next start) sends it, with the marker if an earlier
+        attempt may have arrived. Returns whether the row was re-queued.
         """
         await self.flush()
         now = self._now()
@@ -81,7 +78,7 @@ class LedgerAdmin(LedgerCore):
                 f"UPDATE {TABLE} SET state = 'pending', attempts = 0, next_attempt_at = NULL, "
                 "owner_pid = ?, owner_instance = ?, owner_started = NULL, fresh_since = ?, "
                 "updated_at = ? WHERE obligation_id = ? AND state IN ('abandoned', 'failed')",
-                (_NOBODY.pid, _NOBODY.instance_id, now, now, obligation_id),
+                (NOBODY.pid, NOBODY.instance_id, now, now, obligation_id),
             )
         if changed:
             logger.info("obligation %s re-queued by the operator", obligation_id)

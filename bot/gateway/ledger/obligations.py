@@ -28,6 +28,7 @@ __all__ = [
     "COLUMNS",
     "MAX_ATTEMPTS",
     "MIGRATIONS",
+    "NOBODY",
     "RECOVERED_MARKER",
     "RETENTION",
     "RETRY_BACKOFF",
@@ -64,6 +65,10 @@ RETENTION: Final = timedelta(days=7)
 """Delivered and abandoned rows are pruned after this long."""
 RETRY_BACKOFF: Final[tuple[float, ...]] = (30.0, 120.0)
 """Seconds before retry n (n = attempts made, the last value repeats)."""
+NOBODY: Final = Owner(0, "")
+"""Owner of ``pending`` rows queued for whichever gateway comes first (the operator's
+``retry``, ``python -m bot send``): dead to every liveness check, and claimed by the
+next ``due_retries`` poll of a running gateway."""
 
 _MAX_ERROR_LEN = 500
 

@@ -21,6 +21,7 @@ from bot.gateway.ledger.core import STORAGE_ERRORS, LedgerCore, logger
 from bot.gateway.ledger.obligations import (
     COLUMNS,
     MAX_ATTEMPTS,
+    NOBODY,
     RETENTION,
     SENT_TABLE,
     STALE_AFTER,
@@ -40,24 +41,35 @@ class Recovery(LedgerCore):
     """Sweeps, claims, retries and pruning (part of ``DeliveryLedger``)."""
 
     async def due_retries(self, now: datetime | None = None) -> list[Obligation]:
-        """Claim this process's ``failed`` rows whose retry time has come; best effort.
+        """Claim this process's ``failed`` rows whose retry time has come, and the
+        ``pending`` rows queued for any gateway (owner ``NOBODY``); best effort.
 
         Each returned row is already ``attempting`` (attempts counted): send
         it without ``mark_attempting``. ``needs_marker`` is set when an earlier
         attempt may have arrived. Rows past ``STALE_AFTER`` or out of attempts
         are abandoned instead. A storage failure is logged and returns ``[]``.
+        Queued rows are claimed by one guarded UPDATE each, so of several
+        processes polling at once only one sends a row.
         """
         await self.flush()  # claims read states: let the buffered delivered marks land first
         moment = self._now(now)
         me = self._owner
 
         async def body(tx: Transaction) -> list[tuple[Any, ...]]:
-            return await tx.fetchall(
+            own = await tx.fetchall(
                 f"SELECT {COLUMNS} FROM {TABLE} WHERE state = 'failed' "
                 "AND next_attempt_at <= ? AND owner_pid = ? AND owner_instance = ? "
                 "ORDER BY next_attempt_at, created_at",
                 (moment, me.pid, me.instance_id),
             )
+            # Through the (state, next_attempt_at) index: only the few pending rows are read.
+            queued = await tx.fetchall(
+                f"SELECT {COLUMNS} FROM {TABLE} WHERE state = 'pending' "
+                "AND next_attempt_at IS NULL AND owner_pid = ? AND owner_instance = ? "
+                "ORDER BY created_at, obligation_id",
+                (NOBODY.pid, NOBODY.instance_id),
+            )
+            return own + queued
 
         try:
             # The poll runs every few seconds: a read that finds nothing writes nothing.

@@ -21,6 +21,12 @@ person, anything else a group); group ids get ``recipient_type: group`` and
 replies go to the group, never privately (pywa's ``msg.reply()`` is not used).
 
 Errors: ``whatsapp_errors`` turns a failed send into ``PlatformError``.
+
+The 24-hour window: a reply to a person whose last message (``windows``, kept by
+the gateway) is older than 24 h, or that Meta refuses with 131047 (Meta's clock
+wins over ours), goes out once as the operator's template (``templates``) in the
+same ``send`` call, so through the same ledger row; with no template it fails
+for good with ``WINDOW_CLOSED_REASON``.
 """
 
 from __future__ import annotations
@@ -66,6 +72,12 @@ from bot.platforms.whatsapp.payload import (
     parse_webhook,
 )
 from bot.platforms.whatsapp.send_media import WhatsAppFiles
+from bot.platforms.whatsapp.templates import (
+    REENGAGEMENT_CODE,
+    WINDOW_CLOSED_REASON,
+    WINDOW_SECONDS,
+    ReplyTemplate,
+)
 
 __all__ = [
     "DEFAULT_API_VERSION",
@@ -135,6 +147,7 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
 
     name = PLATFORM
     max_text_len = 4096
+    service_window_seconds: float | None = WINDOW_SECONDS
 
     def __init__(
         self,
@@ -151,8 +164,12 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
         timeout: float = 30.0,
         max_body_bytes: int = MAX_BODY_BYTES,
         media_hosts: Iterable[str] = (),
+        template_name: str | None = None,
+        template_language: str = "en_US",
     ) -> None:
         self.phone_id = str(phone_id)
+        # Checked here, so a wrong WHATSAPP_TEMPLATE_LANGUAGE stops start-up, not a reply.
+        self.template = ReplyTemplate.configured(template_name, template_language)
         self.api_base_url = api_base_url.rstrip("/")
         # Checked here, so a wrong WHATSAPP_MEDIA_HOSTS stops start-up, not a download.
         self.media_hosts = MediaHosts.build(self.api_base_url, media_hosts)
@@ -413,6 +430,9 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
             raise PlatformError("nothing to send: the text is blank", platform=PLATFORM)
         if thread_id is not None:
             logger.debug("WhatsApp has no threads; thread_id ignored")
+        if await self._window_closed(chat_id):
+            logger.info("WhatsApp 24-hour window closed for this person: the reply is a template")
+            return await self._send_template(wa, chat_id, text, reply_to)
         logger.debug(
             "WhatsApp send: %d part(s) to a %s",
             len(parts),
@@ -439,12 +459,66 @@ class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
                     reply_to_message_id=reply_to if index == 0 else None,
                 )
             except WhatsAppError as exc:
+                if exc.code == REENGAGEMENT_CODE and index == 0:
+                    # Meta's clock wins over ours. One switch, never a loop: a template
+                    # refusal is final (see whatsapp_errors).
+                    if self.template is None:
+                        raise self._window_closed_error() from exc
+                    logger.info("WhatsApp answered 131047: the reply is sent as the template")
+                    return await self._send_template(wa, chat_id, text, reply_to)
                 raise api_error(exc, index, len(parts)) from exc
             except httpx.HTTPError as exc:
                 raise transport_error(exc, index, len(parts)) from exc
             ids.append(sent.id)
             self._sent_ids.add(sent.id)
         return SendResult(message_ids=ids)
+
+    async def _window_closed(self, chat_id: str) -> bool:
+        """True when our record says the person's 24-hour window is closed.
+
+        Unknown (never recorded, a group, no record kept, or the database failing)
+        is False: free-form is tried and a 131047 still switches to the template.
+        """
+        windows, length = self.windows, self.service_window_seconds
+        if windows is None or length is None or is_group_chat_id(chat_id):
+            return False
+        try:
+            state = await windows.is_open(PLATFORM, chat_id, length)
+        except ChatflowError as exc:
+            logger.warning("WhatsApp window unknown (%s); trying free-form", type(exc).__name__)
+            return False
+        return state is False
+
+    def _window_closed_error(self) -> PlatformError:
+        logger.warning("WhatsApp 24-hour window closed and WHATSAPP_TEMPLATE_NAME unset")
+        return PlatformError(WINDOW_CLOSED_REASON, platform=PLATFORM, code=REENGAGEMENT_CODE)
+
+    async def _send_template(
+        self, wa: WhatsApp, chat_id: str, text: str, reply_to: str | None
+    ) -> SendResult:
+        """Send ``text`` as the operator's template, in one message."""
+        template = self.template
+        if template is None:
+            raise self._window_closed_error()
+        if self._wa is not wa:
+            raise PlatformError(
+                "WhatsApp adapter stopped while sending", platform=PLATFORM, retryable=True
+            )
+        await self._take_turn(chat_id)
+        try:
+            sent = await wa.send_template(
+                to=chat_id,
+                name=template.name,
+                language=template.language,
+                params=template.params(text),
+                reply_to_message_id=reply_to,
+            )
+        except WhatsAppError as exc:
+            raise api_error(exc, 0, 1) from exc
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, 0, 1) from exc
+        self._sent_ids.add(sent.id)
+        return SendResult(message_ids=[sent.id])
 
     def format_reply(self, text: str, agent_name: str) -> str:
         """WhatsApp shows replies as they are: ``text`` unchanged."""

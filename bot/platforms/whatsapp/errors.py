@@ -21,6 +21,7 @@ from pywa_async.errors import WhatsAppError
 
 from bot.errors import PlatformError
 from bot.platforms.whatsapp.payload import PLATFORM
+from bot.platforms.whatsapp.templates import REENGAGEMENT_CODE, TEMPLATE_ERROR_CODES
 
 __all__ = [
     "RETRYABLE_CODES",
@@ -60,7 +61,8 @@ def api_error(exc: WhatsAppError, index: int, total: int) -> PlatformError:
     """The ``PlatformError`` for Meta's refusal of part ``index`` (0-based) of ``total``."""
     code = exc.code
     status = exc.status_code
-    retryable = (
+    # A template Meta refuses stays refused until the operator fixes it, whatever the status.
+    retryable = code not in TEMPLATE_ERROR_CODES and (
         code in RETRYABLE_CODES
         or exc.is_transient is True
         or (status is not None and status >= 500)
@@ -82,8 +84,10 @@ def api_error(exc: WhatsAppError, index: int, total: int) -> PlatformError:
         index + 1,
         total,
     )
-    if code == 131047:
+    if code == REENGAGEMENT_CODE:
         what = "the 24-hour customer service window is closed; only a template can be sent"
+    elif code in TEMPLATE_ERROR_CODES:
+        what = f"template refused: {exc.message}"
     else:
         what = exc.message
     return PlatformError(

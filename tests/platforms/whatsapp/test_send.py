@@ -17,6 +17,7 @@ from bot.platforms.text import split_text
 from bot.platforms.whatsapp import adapter as whatsapp_module
 from bot.platforms.whatsapp.adapter import DEFAULT_API_VERSION, WhatsAppAdapter
 from bot.platforms.whatsapp.payload import is_group_chat_id
+from bot.platforms.whatsapp.templates import WINDOW_CLOSED_REASON
 from tests.fakes.whatsapp_webhook import real_wamid
 
 PHONE_ID = "106540352242922"
@@ -267,7 +268,10 @@ async def test_meta_errors_are_mapped(
     assert error.ambiguous is False
     # A throughput refusal names no Retry-After: the number's 1-s window is the wait.
     assert error.retry_after == (1.0 if code == 130429 else None)
-    assert str(code) in str(error)
+    if code == 131047:  # no template configured: the reason says what to set
+        assert str(error) == WINDOW_CLOSED_REASON
+    else:
+        assert str(code) in str(error)
     assert isinstance(error.__cause__, Exception)
 
 

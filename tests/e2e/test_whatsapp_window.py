@@ -1,0 +1,121 @@
+"""WhatsApp's 24-hour window through ``python -m bot run``: the fake Graph API says the
+person's window is closed (131047 to free-form text, as Meta does) and the reply goes
+out once as the operator's template, or, with none configured, ends abandoned."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bot.platforms.whatsapp.templates import WINDOW_CLOSED_REASON
+from tests.e2e.botprocess import BotProcess
+from tests.fakes.whatsapp_server import FakeWhatsAppServer
+from tests.fakes.whatsapp_webhook import PHONE_NUMBER_ID, USER_WA_ID, WebhookSender
+
+APP_SECRET = "e2e-app-secret"
+TEMPLATE = "order_update"
+
+
+@pytest.fixture
+async def graph() -> AsyncIterator[FakeWhatsAppServer]:
+    async with FakeWhatsAppServer(phone_id=PHONE_NUMBER_ID, token="e2e-token") as server:
+        server.close_window(USER_WA_ID)
+        yield server
+
+
+def bot_env(graph: FakeWhatsAppServer, **extra: str) -> dict[str, str]:
+    return {
+        "WHATSAPP_PHONE_ID": PHONE_NUMBER_ID,
+        "WHATSAPP_TOKEN": "e2e-token",
+        "WHATSAPP_VERIFY_TOKEN": "verify-me",
+        "WHATSAPP_APP_SECRET": APP_SECRET,
+        "WHATSAPP_API_BASE_URL": graph.base_url,
+        **extra,
+    }
+
+
+@pytest.fixture
+async def start_bot(tmp_path: Path) -> AsyncIterator[Callable[[dict[str, str]], BotProcess]]:
+    started: list[BotProcess] = []
+
+    def make(env: dict[str, str]) -> BotProcess:
+        process = BotProcess(tmp_path / "data", env)
+        started.append(process)
+        return process
+
+    yield make
+    for process in started:
+        await process.kill()
+
+
+async def metric_reaches(bot: BotProcess, line: str, within: float = 20.0) -> str:
+    """Poll ``/metrics`` until it has ``line``; the whole page then."""
+    async with httpx.AsyncClient(base_url=bot.url) as client, asyncio.timeout(within):
+        while True:
+            page = (await client.get("/metrics")).text
+            if line in page:
+                return page
+            await asyncio.sleep(0.2)
+
+
+async def ledger_status(bot: BotProcess) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "ledger",
+        "status",
+        cwd=bot.data_dir.parent,
+        env=bot.env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def test_closed_window_reply_goes_out_once_as_the_template(
+    start_bot: Callable[[dict[str, str]], BotProcess], graph: FakeWhatsAppServer
+) -> None:
+    bot = start_bot(bot_env(graph, WHATSAPP_TEMPLATE_NAME=TEMPLATE))
+    await bot.start()
+    sender = WebhookSender(f"{bot.url}/webhooks/whatsapp", APP_SECRET)
+    await sender.post_one(sender.text("where is my order #1001?"))
+    (sent,) = await graph.wait_for_sent(1, within=20)
+    await metric_reaches(bot, 'chatflow_replies_delivered_total{platform="whatsapp"} 1.0')
+    (refused,) = graph.rejected  # the free-form try Meta refused with 131047
+    assert refused.json["type"] == "text"
+    assert graph.templates == [sent] and graph.sent == [sent]
+    assert sent.json["to"] == USER_WA_ID
+    assert sent.json["template"]["name"] == TEMPLATE
+    assert sent.json["template"]["language"] == {"code": "en_US"}
+    (parameter,) = graph.template_texts(sent)
+    # The reply's text, folded onto one line: the text Meta refused as free-form.
+    assert parameter == " ".join(refused.json["text"]["body"].split())
+    assert "1001" in parameter
+    status = await ledger_status(bot)
+    assert "abandoned: 0  attempting: 0  delivered: 1  failed: 0  pending: 0" in status
+    assert "attempts=1" in status
+    log = "\n".join(bot.log)
+    assert "sent as the template" in log
+    assert USER_WA_ID not in log and "1001" not in log
+
+
+async def test_closed_window_without_template_is_abandoned_with_the_reason(
+    start_bot: Callable[[dict[str, str]], BotProcess], graph: FakeWhatsAppServer
+) -> None:
+    bot = start_bot(bot_env(graph))
+    await bot.start()
+    sender = WebhookSender(f"{bot.url}/webhooks/whatsapp", APP_SECRET)
+    await sender.post_one(sender.text("where is my order #1001?"))
+    await metric_reaches(bot, 'chatflow_abandoned_total{platform="whatsapp"} 1.0')
+    assert graph.sent == [] and len(graph.rejected) == 1
+    status = await ledger_status(bot)
+    assert "abandoned: 1" in status
+    assert WINDOW_CLOSED_REASON in status
