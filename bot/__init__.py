@@ -23,6 +23,12 @@ from bot.core.messages import (
 )
 from bot.core.models.routing import ModelSettings
 from bot.core.runner import Runner, RunResult
+from bot.core.scheduling import (
+    cancel_scheduled_message,
+    list_scheduled_messages,
+    schedule_message,
+    scheduling_tools,
+)
 from bot.core.session import SessionContext
 from bot.core.stores.base import DEFAULT_DEDUP_TTL_HOURS, BaseSessionStore, SessionDeletedError
 from bot.core.stores.in_memory import SessionStore
@@ -85,7 +91,11 @@ __all__ = [
     "ToolFilterStatic",
     "ToolOutput",
     "TurnError",
+    "cancel_scheduled_message",
     "create_static_tool_filter",
+    "list_scheduled_messages",
+    "schedule_message",
+    "scheduling_tools",
     "tool",
     "transfer_to_human",
 ]

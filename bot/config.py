@@ -176,6 +176,10 @@ class Settings(BaseSettings):
     """Accepted messages waiting for a worker before the bot answers "busy"."""
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     """How long a shutdown waits for turns in flight."""
+    max_scheduled_per_chat: int = Field(default=20, gt=0)
+    """Messages an agent may have scheduled in one conversation at once (``schedule_message``)."""
+    schedule_max_lateness_seconds: float = Field(default=86_400.0, gt=0)
+    """A scheduled message found later than this (the bot was down) is dropped, not sent."""
     stream_replies: bool = True
     """Show answers while they are written: drafts in Telegram private chats, tokens
     in the console (groups and WhatsApp show typing). The final reply is sent once,

@@ -73,6 +73,14 @@ class Metrics:
         self.abandoned = Counter(
             "chatflow_abandoned", "Replies given up on", ["platform"], registry=r
         )
+        self.scheduled_fired = Counter(
+            "chatflow_scheduled_fired", "Scheduled messages sent at their time", registry=r
+        )
+        self.scheduled_dropped = Counter(
+            "chatflow_scheduled_dropped",
+            "Scheduled messages not sent: over SCHEDULE_MAX_LATENESS_SECONDS late",
+            registry=r,
+        )
         self.turn_duration = Histogram(
             "chatflow_turn_seconds",
             "Time to play one turn (model and tools)",

@@ -65,6 +65,11 @@ LIBRARY_NAMES = {
     "transfer_to_human",
     # Streaming: what Runner.run_async(stream=...) shows the answer to as it is written.
     "ReplyStream",
+    # Reminders: the opt-in tools an agent schedules messages to its chat with.
+    "schedule_message",
+    "list_scheduled_messages",
+    "cancel_scheduled_message",
+    "scheduling_tools",
 }
 
 

@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, Self
 
 from bot.core.agent import HANDOFF_PREFIX, Agent, HandoffTool, check_tool_names, servers_of
@@ -64,6 +64,8 @@ class RunResult:
     """Tokens spent across every model call of the turn."""
     attachments: list[OutgoingPart] = field(default_factory=list)
     """Files the turn's tools returned (``ToolOutput``, bytes in the media store)."""
+    effects: list[object] = field(default_factory=list)
+    """Requests the turn's tools left for its commit (``ToolContext.effects``), in order."""
 
 
 OnCommit = Callable[[RunResult, Transaction], Awaitable[None]]
@@ -121,6 +123,8 @@ class Runner:
         )
         self.store.set_agent_resolver(self.get_agent)
         self._model_override = model
+        self.tool_services: dict[str, object] = {}
+        """Host settings handed to tools as ``ToolContext.services`` (the gateway sets them)."""
         self._router = ModelRouter(self._settings)
         self._models: dict[str, tuple[ChatModel, str]] = {}
         settings = self._settings
@@ -355,6 +359,7 @@ class Runner:
         )
         has_image = any(isinstance(part, ImagePart) for part in parts)
         attachments: list[OutgoingPart] = []
+        effects: list[object] = []
         usage = Usage()
         tool_rounds = 0
         while True:
@@ -390,12 +395,19 @@ class Runner:
                     new_messages=new_messages,
                     usage=usage,
                     attachments=attachments,
+                    effects=effects,
                 )
             tool_rounds += 1
             handed_off = False
             for call in calls:
                 output, target = await self._run_call(
-                    session, agent, call, invalid.get(call.id), inbound_message_id, handed_off
+                    session,
+                    agent,
+                    call,
+                    invalid.get(call.id),
+                    inbound_message_id,
+                    handed_off,
+                    effects,
                 )
                 text, files = await self._tool_files.keep(output)  # bytes to the media store
                 attachments.extend(files)
@@ -445,6 +457,7 @@ class Runner:
         invalid_reason: str | None,
         inbound_message_id: str | None,
         handed_off: bool,
+        effects: list[object],
     ) -> tuple[str | ToolOutput, Agent | None]:
         """Run one tool call; return its result (text or ``ToolOutput``) and handoff target."""
         if invalid_reason is not None:
@@ -462,6 +475,9 @@ class Runner:
             metadata=dict(session.metadata),
             inbound_message_id=inbound_message_id,
             agent_name=agent.name,
+            store=self.store,
+            effects=effects,
+            services=MappingProxyType(self.tool_services),
         )
         try:
             run = function_tool.run if isinstance(function_tool, FunctionTool) else None

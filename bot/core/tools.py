@@ -62,6 +62,14 @@ class ToolContext:
     tools with side effects (the same inbound message may be re-run after a crash)."""
     agent_name: str = ""
     """Name of the agent whose model requested the call."""
+    store: Any = None
+    """The Runner's session store (a ``BaseSessionStore``; typed loosely, as the stores
+    import this module), for built-in tools that keep rows in its database."""
+    effects: list[object] = field(default_factory=list)
+    """Requests a tool leaves for the turn's own commit (``RunResult.effects``): a
+    host applies them in the turn's transaction, so a rolled-back turn leaves none."""
+    services: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    """Host settings for built-in tools, by name (e.g. ``bot.core.scheduling.POLICY``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.metadata, MappingProxyType):

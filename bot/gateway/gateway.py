@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 from bot.config import Settings
 from bot.core.runner import Runner
+from bot.core.scheduling import POLICY as SCHEDULING_POLICY
+from bot.core.scheduling import SchedulingPolicy
 from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError, PlatformError
 from bot.gateway.access.control import AccessControl
@@ -40,6 +42,7 @@ from bot.gateway.ledger.obligations import Obligation
 from bot.gateway.media_fetch import build_media_fetcher
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.replies import Replies
+from bot.gateway.scheduler import Scheduler
 from bot.gateway.turns import Turns
 from bot.gateway.windows import ContactWindows
 from bot.metrics import Metrics
@@ -113,6 +116,15 @@ class Gateway:
             self.metrics,
             media=media,
         )
+        self.scheduler = Scheduler(
+            store,
+            self.ledger,
+            self.metrics,
+            max_lateness=settings.schedule_max_lateness_seconds,
+            on_fired=self._queue_sends,
+        )
+        self.turns.on_scheduled = self.scheduler.wake
+        runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(settings.max_scheduled_per_chat)
         self.access = AccessControl(settings, self.turns, secret, self._queue_answers)
         self.gate = Gate(settings, self.aliases, secret, pairing=self.access.pairing)
         # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
@@ -140,6 +152,7 @@ class Gateway:
         self._retry_task: asyncio.Task[None] | None = None
         self._recovery_task: asyncio.Task[None] | None = None
         self._takeover_task: asyncio.Task[None] | None = None
+        self._scheduler_task: asyncio.Task[None] | None = None
 
     @property
     def adapters(self) -> dict[str, PlatformAdapter]:
@@ -170,6 +183,7 @@ class Gateway:
         await self.ledger.open()
         await self.aliases.open()
         await self.access.open()
+        await self.scheduler.open()
         self._accepting = True
         for adapter in self._adapters.values():
             if adapter.on_status_failed is None:
@@ -298,6 +312,7 @@ class Gateway:
         self._ready_event.set()
         self._dispatcher.resume()
         self._retry_task = asyncio.create_task(self.outbox.run(self._stopping))
+        self._scheduler_task = asyncio.create_task(self.scheduler.run(self._stopping))
         if self.instances is not None:
             self._takeover_task = asyncio.create_task(self._takeover_loop())
 
@@ -334,7 +349,7 @@ class Gateway:
                 await adapter.stop()
             except Exception as exc:
                 logger.warning("%s adapter did not stop cleanly: %r", adapter.name, exc)
-        for loop_task in (self._retry_task, self._takeover_task):
+        for loop_task in (self._retry_task, self._takeover_task, self._scheduler_task):
             if loop_task is not None:
                 loop_task.cancel()
                 await asyncio.gather(loop_task, return_exceptions=True)

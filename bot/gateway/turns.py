@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from bot.core.attachments import OutgoingPart
 from bot.core.human_handoff import requested_human
 from bot.core.runner import Runner, RunResult
+from bot.core.scheduling import JobRoute, apply_in
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError
@@ -68,6 +69,8 @@ class Turns:
         media: MediaFetcher | None = None,
         takeovers: Takeovers | None = None,
     ) -> None:
+        self.on_scheduled: Callable[[], None] | None = None
+        """Called after a turn committed new scheduled jobs (the gateway wakes its scheduler)."""
         self.runner = runner
         self.store = store
         self.inbox = inbox
@@ -160,6 +163,7 @@ class Turns:
         obligation: list[Obligation] = []
         media = media or PreparedMedia()
         handed: list[str] = []  # taken over in tx 2 (transfer_to_human)
+        scheduled: list[int] = []
         task: asyncio.Task[object] | None = asyncio.current_task()
 
         async def commit(result: RunResult, tx: Transaction) -> None:
@@ -177,6 +181,17 @@ class Turns:
             if recorded is not None:
                 obligation.append(recorded)
             await self.inbox.mark_done_in(tx, event.message_id)
+            # The route is the inbound message's, never the model's: a job goes back
+            # to the chat (and topic) it was scheduled from.
+            route = JobRoute(
+                entry.session_key,
+                entry.session_id,
+                event.platform,
+                event.source.chat_id,
+                event.source.thread_id,
+            )
+            added, _ = await apply_in(tx, result.effects, route, self.store.now().timestamp())
+            scheduled.append(added)
             person = requested_human(result.new_messages, self.runner.get_agent)
             if person is not None:
                 await self.takeovers.take_over_in(tx, entry.session_id, person)
@@ -252,6 +267,8 @@ class Turns:
         for session_id in handed:
             self.takeovers.note(session_id)
             logger.info("session %s handed to a person by its agent", session_id)
+        if any(scheduled) and self.on_scheduled is not None:
+            self.on_scheduled()
         for item in obligation:
             await self.outbox.send(item)
 

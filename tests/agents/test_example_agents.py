@@ -451,3 +451,15 @@ def test_refunds_from_two_event_loops_record_once(data_dir: Path) -> None:
     assert len(results) == 8
     assert len({r["request_id"] for r in results}) == 1
     assert len(refund_lines(data_dir)) == 1
+
+
+def test_the_reminders_example_offers_the_three_scheduling_tools() -> None:
+    from agents.reminders import reminders, starting_agent
+
+    assert starting_agent is reminders
+    assert [t.name for t in reminders.function_tools] == [
+        "schedule_message",
+        "list_scheduled_messages",
+        "cancel_scheduled_message",
+    ]
+    assert "schedule_message" in reminders.instructions

@@ -1,0 +1,367 @@
+"""Messages an agent schedules: the three tools, and the table their jobs live in.
+
+``schedule_message``, ``list_scheduled_messages`` and ``cancel_scheduled_message``
+(``scheduling_tools``, the three as a list) are opt-in per agent:
+``Agent(..., tools=[*scheduling_tools])``. A tool does not write a job itself:
+it checks the request and leaves it on the turn (``ToolContext.effects``); the
+host (the gateway) writes it in the turn's own transaction, with the route of
+the message that started the turn. So a turn that rolls back schedules nothing,
+a crash after its commit loses nothing, and a model cannot aim a job at another
+chat: no argument names one. ``list`` and ``cancel`` see only the current
+conversation's jobs.
+
+The jobs are fired by the gateway's scheduler (``bot.gateway.scheduler``), which
+also hands the tools its ``SchedulingPolicy`` (``ToolContext.services``). Without
+one (``Runner`` alone, where nothing would write or fire a job) the tools answer
+the model that scheduling is not available.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
+
+from bot.core.sql import Transaction, ensure_schema
+from bot.core.stores.base import TransactionalStore
+from bot.core.tools import FunctionTool, ToolContext, error_result, tool
+
+__all__ = [
+    "COMPONENT",
+    "DEFAULT_MAX_PER_CHAT",
+    "MIGRATIONS",
+    "POLICY",
+    "TABLE",
+    "CancelRequest",
+    "JobRoute",
+    "ScheduleRequest",
+    "SchedulingPolicy",
+    "apply_in",
+    "cancel_scheduled_message",
+    "ensure_jobs_schema_in",
+    "is_five_field_cron",
+    "list_scheduled_messages",
+    "next_occurrence",
+    "schedule_message",
+    "scheduling_tools",
+]
+
+TABLE: Final = "chatflow_scheduled_jobs"
+"""One row per scheduled job."""
+COMPONENT: Final = "scheduled_jobs"
+"""The jobs table's row in ``chatflow_schema_versions``."""
+MIGRATIONS: Final = {
+    1: (
+        f"CREATE TABLE IF NOT EXISTS {TABLE} ("
+        "id TEXT PRIMARY KEY NOT NULL, "
+        "session_key TEXT NOT NULL, "
+        "session_id TEXT NOT NULL, "
+        "platform TEXT NOT NULL, "
+        "chat_id TEXT NOT NULL, "
+        "thread_id TEXT, "
+        "text TEXT NOT NULL, "
+        "run_agent INTEGER NOT NULL DEFAULT 0, "
+        "cron TEXT, "
+        "due_at REAL NOT NULL, "
+        "state TEXT NOT NULL, "
+        "created_at REAL NOT NULL, "
+        "fired_count INTEGER NOT NULL DEFAULT 0)",
+        f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE} (state, due_at)",
+        f"CREATE INDEX IF NOT EXISTS {TABLE}_session ON {TABLE} (session_id, state)",
+    ),
+}
+"""``MIGRATIONS[v]`` moves the jobs table from version ``v - 1`` to ``v`` (SQLite DDL)."""
+
+DEFAULT_MAX_PER_CHAT: Final = 20
+POLICY: Final = "scheduling"
+"""Key of the ``SchedulingPolicy`` in ``ToolContext.services``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingPolicy:
+    """The host's limits for the scheduling tools (``MAX_SCHEDULED_PER_CHAT``)."""
+
+    max_per_chat: int = DEFAULT_MAX_PER_CHAT
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRequest:
+    """A job a tool asked for, written at the turn's commit."""
+
+    job_id: str
+    text: str
+    due_at: float
+    cron: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """A job of this conversation a tool cancelled, marked at the turn's commit."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRoute:
+    """Where a turn's jobs go: the conversation and chat of the message that started it."""
+
+    session_key: str
+    session_id: str
+    platform: str
+    chat_id: str
+    thread_id: str | None
+
+
+async def ensure_jobs_schema_in(tx: Transaction) -> None:
+    """Create or migrate the jobs table inside ``tx``."""
+    await ensure_schema(tx, COMPONENT, MIGRATIONS)
+
+
+async def apply_in(
+    tx: Transaction, effects: Sequence[object], route: JobRoute, now: float
+) -> tuple[int, int]:
+    """Write a turn's scheduling requests in its transaction; ``(scheduled, cancelled)``."""
+    requests = [e for e in effects if isinstance(e, ScheduleRequest | CancelRequest)]
+    if not requests:
+        return 0, 0
+    await ensure_jobs_schema_in(tx)
+    scheduled = cancelled = 0
+    for request in requests:
+        if isinstance(request, ScheduleRequest):
+            scheduled += await tx.execute(
+                f"INSERT INTO {TABLE} (id, session_key, session_id, platform, chat_id, "
+                "thread_id, text, run_agent, cron, due_at, state, created_at, fired_count) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, 'scheduled', ?, 0) "
+                "ON CONFLICT(id) DO NOTHING",
+                (
+                    request.job_id,
+                    route.session_key,
+                    route.session_id,
+                    route.platform,
+                    route.chat_id,
+                    route.thread_id,
+                    request.text,
+                    request.cron,
+                    request.due_at,
+                    now,
+                ),
+            )
+        else:
+            cancelled += await tx.execute(
+                f"UPDATE {TABLE} SET state = 'cancelled' "
+                "WHERE id = ? AND session_id = ? AND state = 'scheduled'",
+                (request.job_id, route.session_id),
+            )
+    return scheduled, cancelled
+
+
+def is_five_field_cron(expression: str) -> bool:
+    """Whether ``expression`` is a valid 5-field cron schedule (minute hour day month weekday)."""
+    from croniter import croniter  # only the tools and the scheduler need it
+
+    return len(expression.split()) == 5 and bool(croniter.is_valid(expression))
+
+
+def next_occurrence(expression: str, after: float) -> float:
+    """The first time of ``expression`` (UTC) strictly after the epoch time ``after``."""
+    from croniter import croniter
+
+    start = datetime.fromtimestamp(after, UTC)
+    return float(croniter(expression, start).get_next(float))
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _store_of(ctx: ToolContext) -> TransactionalStore | None:
+    store: object = ctx.store
+    return store if isinstance(store, TransactionalStore) else None
+
+
+def _policy(ctx: ToolContext) -> SchedulingPolicy | None:
+    """The host's policy; ``None`` where no host writes and fires jobs (``Runner`` alone)."""
+    policy = ctx.services.get(POLICY)
+    return policy if isinstance(policy, SchedulingPolicy) else None
+
+
+_UNAVAILABLE: Final = "scheduling is not available here (it needs the running bot and its database)"
+
+
+def _host(ctx: ToolContext) -> tuple[TransactionalStore, SchedulingPolicy] | None:
+    store, policy = _store_of(ctx), _policy(ctx)
+    return None if store is None or policy is None else (store, policy)
+
+
+async def _active_jobs(
+    store: TransactionalStore, session_id: str
+) -> list[tuple[str, str, float, str | None]]:
+    async def body(tx: Transaction) -> list[tuple[str, str, float, str | None]]:
+        await ensure_jobs_schema_in(tx)
+        rows = await tx.fetchall(
+            f"SELECT id, text, due_at, cron FROM {TABLE} "
+            "WHERE session_id = ? AND state = 'scheduled' ORDER BY due_at, id",
+            (session_id,),
+        )
+        return [(str(r[0]), str(r[1]), float(r[2]), r[3] and str(r[3])) for r in rows]
+
+    return await store.run(body)
+
+
+def _pending(ctx: ToolContext) -> tuple[list[ScheduleRequest], set[str]]:
+    added = [e for e in ctx.effects if isinstance(e, ScheduleRequest)]
+    cancelled = {e.job_id for e in ctx.effects if isinstance(e, CancelRequest)}
+    return added, cancelled
+
+
+def _parse_at(at: str, now: float) -> float | str:
+    """The epoch time of ``at``, or the error to tell the model."""
+    try:
+        moment = datetime.fromisoformat(at.strip())
+    except ValueError:
+        return f"at={at!r} is not an ISO 8601 date and time (e.g. 2026-05-01T09:00:00+02:00)"
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        return (
+            f"at={at!r} has no UTC offset: add one (e.g. {at.strip()}+00:00 or the user's "
+            "own offset such as +02:00); a time without one is ambiguous"
+        )
+    due = moment.timestamp()
+    if due <= now:
+        return f"at={at!r} is in the past (it is now {_iso(now)})"
+    return due
+
+
+@tool(name="schedule_message")
+async def _schedule_message(
+    ctx: ToolContext,
+    text: str,
+    delay_seconds: int | None = None,
+    at: str | None = None,
+    every: str | None = None,
+    run_agent: bool = False,
+) -> str:
+    """Schedule a message to this chat for later: a reminder or a follow-up. Give
+    exactly one of delay_seconds or at; with every, the message repeats on that
+    schedule (then both may be left out: the first run is the schedule's next time).
+
+    Args:
+        text: The message to send, as the user should read it.
+        delay_seconds: Send it this many seconds from now (at least 1).
+        at: Send it at this ISO 8601 date and time, with its UTC offset
+            (e.g. 2026-05-01T09:00:00+02:00).
+        every: Repeat on this 5-field cron schedule in UTC (minute hour day month
+            weekday), e.g. "0 9 * * 1".
+        run_agent: Not supported yet: leave it false.
+    """
+    if run_agent:
+        return error_result(
+            "run_agent is not supported yet: schedule the message text itself (run_agent=false)"
+        )
+    if not text.strip():
+        return error_result("text is empty: give the message to send")
+    host = _host(ctx)
+    if host is None:
+        return error_result(_UNAVAILABLE)
+    store, policy = host
+    now = store.now().timestamp()
+    if delay_seconds is not None and at is not None:
+        return error_result("give either delay_seconds or at, not both")
+    if delay_seconds is None and at is None and every is None:
+        return error_result("give delay_seconds or at (or every for a repeating message)")
+    cron: str | None = None
+    if every is not None:
+        cron = " ".join(every.split())
+        if not is_five_field_cron(cron):
+            return error_result(
+                f"every={every!r} is not a 5-field cron schedule "
+                '(minute hour day month weekday, e.g. "0 9 * * 1" for Mondays 09:00 UTC)'
+            )
+    if delay_seconds is not None:
+        if delay_seconds < 1:
+            return error_result(f"delay_seconds must be at least 1, not {delay_seconds}")
+        due = now + delay_seconds
+    elif at is not None:
+        parsed = _parse_at(at, now)
+        if isinstance(parsed, str):
+            return error_result(parsed)
+        due = parsed
+    else:
+        assert cron is not None
+        due = next_occurrence(cron, now)
+    if not math.isfinite(due) or due > now + 10 * 366 * 86_400:
+        return error_result("that is more than ten years away")
+    added, cancelled = _pending(ctx)
+    active = [j for j in await _active_jobs(store, ctx.session_id) if j[0] not in cancelled]
+    limit = policy.max_per_chat
+    if len(active) + len(added) >= limit:
+        return error_result(
+            f"this chat already has {limit} scheduled messages (the limit): "
+            "cancel one first (list_scheduled_messages shows them)"
+        )
+    job_id = f"job_{uuid.uuid4().hex[:12]}"
+    ctx.effects.append(ScheduleRequest(job_id, text, due, cron))
+    answer = {"job_id": job_id, "due_at_utc": _iso(due), "status": "scheduled"}
+    if cron is not None:
+        answer["repeats"] = f"{cron} (UTC)"
+    return json.dumps(answer)
+
+
+@tool(name="list_scheduled_messages")
+async def _list_scheduled_messages(ctx: ToolContext) -> str:
+    """List the messages scheduled for this chat: job id, next due time (UTC),
+    repeat schedule and text."""
+    host = _host(ctx)
+    if host is None:
+        return error_result(_UNAVAILABLE)
+    store = host[0]
+    added, cancelled = _pending(ctx)
+    jobs = [
+        {"job_id": job_id, "due_at_utc": _iso(due), "every": cron, "text": text}
+        for job_id, text, due, cron in await _active_jobs(store, ctx.session_id)
+        if job_id not in cancelled
+    ]
+    jobs += [
+        {"job_id": r.job_id, "due_at_utc": _iso(r.due_at), "every": r.cron, "text": r.text}
+        for r in added
+        if r.job_id not in cancelled
+    ]
+    return json.dumps({"scheduled": jobs}, ensure_ascii=False)
+
+
+@tool(name="cancel_scheduled_message")
+async def _cancel_scheduled_message(ctx: ToolContext, job_id: str) -> str:
+    """Cancel a message scheduled for this chat.
+
+    Args:
+        job_id: The job id schedule_message or list_scheduled_messages gave.
+    """
+    host = _host(ctx)
+    if host is None:
+        return error_result(_UNAVAILABLE)
+    store = host[0]
+    added, cancelled = _pending(ctx)
+    known = {j[0] for j in await _active_jobs(store, ctx.session_id)} | {r.job_id for r in added}
+    if job_id not in known or job_id in cancelled:
+        return error_result(
+            f"no scheduled message {job_id!r} in this chat (list_scheduled_messages shows them)"
+        )
+    ctx.effects.append(CancelRequest(job_id))
+    return json.dumps({"job_id": job_id, "status": "cancelled"})
+
+
+schedule_message: FunctionTool = _schedule_message
+"""Tool: schedule a message to the current chat (once, or repeating on a cron schedule)."""
+list_scheduled_messages: FunctionTool = _list_scheduled_messages
+"""Tool: list the current chat's scheduled messages."""
+cancel_scheduled_message: FunctionTool = _cancel_scheduled_message
+"""Tool: cancel one of the current chat's scheduled messages."""
+scheduling_tools: Final[list[FunctionTool]] = [
+    schedule_message,
+    list_scheduled_messages,
+    cancel_scheduled_message,
+]
+"""The three scheduling tools, to spread into ``Agent(tools=[...])``."""

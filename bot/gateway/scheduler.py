@@ -1,0 +1,193 @@
+"""Fires the jobs agents scheduled (``bot.core.scheduling``): each once, through the ledger.
+
+The database is the truth; the timer is only in this process. The loop reads
+the next due time, sleeps until then (or until a turn commits a new job and
+wakes it, or a poll interval passes: another process may have added one), and
+fires what is due. Each job is fired in one transaction that claims it (an
+UPDATE guarded by the state and the due time read, so of several processes on
+PostgreSQL exactly one changes the row) and records its ledger obligation
+(``pending``, sent through the conversation's lane like any owed reply). The
+obligation's ``message_ref`` is the job id and the occurrence's due time, so a
+replay computes the same obligation id. A repeating job moves to the
+schedule's next time after now (not after the late fire time) in the same
+transaction; a one-shot job ends ``fired``.
+
+A job found more than ``SCHEDULE_MAX_LATENESS_SECONDS`` late (the bot was down)
+is not sent: a one-shot job ends ``dropped``, a repeating one skips to its
+next time; both are logged (job id only) and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from bot.core.scheduling import TABLE, ensure_jobs_schema_in, next_occurrence
+from bot.core.sql import Transaction
+from bot.core.stores.base import TransactionalStore
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
+from bot.metrics import Metrics
+
+__all__ = ["POLL_SECONDS", "Scheduler"]
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS: Final = 30.0
+"""Longest sleep between two reads of the jobs table (jobs other processes added)."""
+
+_DROPPED: Final = "dropped"
+
+
+class Scheduler:
+    """The in-process timer over ``chatflow_scheduled_jobs``."""
+
+    def __init__(
+        self,
+        store: TransactionalStore,
+        ledger: DeliveryLedger,
+        metrics: Metrics,
+        *,
+        max_lateness: float,
+        on_fired: Callable[[list[Obligation]], None],
+        poll_seconds: float = POLL_SECONDS,
+    ) -> None:
+        self._store = store
+        self._ledger = ledger
+        self._metrics = metrics
+        self.max_lateness = max_lateness
+        self._on_fired = on_fired
+        self.poll_seconds = poll_seconds
+        self._wake = asyncio.Event()
+
+    def now(self) -> float:
+        return self._store.now().timestamp()
+
+    async def open(self) -> None:
+        """Create or migrate the jobs table (at start, before the bot is ready: nothing
+        is written to the database after readiness that a message did not cause)."""
+        await self._store.run(ensure_jobs_schema_in)
+
+    def wake(self) -> None:
+        """A job was committed: read the next due time again."""
+        self._wake.set()
+
+    async def next_due(self) -> float | None:
+        """The earliest due time of a scheduled job, ``None`` with none."""
+
+        async def body(tx: Transaction) -> tuple[Any, ...] | None:
+            await ensure_jobs_schema_in(tx)
+            return await tx.fetchone(f"SELECT MIN(due_at) FROM {TABLE} WHERE state = 'scheduled'")
+
+        row = await self._store.run(body)
+        return None if row is None or row[0] is None else float(row[0])
+
+    async def fire_due(self) -> int:
+        """Fire (or drop) every job due now; returns how many were sent."""
+
+        async def due(tx: Transaction) -> list[tuple[Any, ...]]:
+            await ensure_jobs_schema_in(tx)
+            return await tx.fetchall(
+                f"SELECT id, due_at FROM {TABLE} WHERE state = 'scheduled' AND due_at <= ? "
+                "ORDER BY due_at, id",
+                (self.now(),),
+            )
+
+        fired: list[Obligation] = []
+        for job_id, due_at in await self._store.run(due):
+            outcome = await self._fire(str(job_id), float(due_at))
+            if isinstance(outcome, Obligation):
+                fired.append(outcome)
+        if fired:
+            self._on_fired(fired)
+        return len(fired)
+
+    async def _fire(self, job_id: str, due_at: float) -> Obligation | str | None:
+        """Claim one occurrence; the obligation it owes, ``"dropped"``, or ``None`` when
+        another process (or an earlier pass) had it."""
+        now = self.now()
+        late = now - due_at
+
+        async def body(tx: Transaction) -> Obligation | str | None:
+            row = await tx.fetchone(
+                f"SELECT session_key, session_id, platform, chat_id, thread_id, text, cron "
+                f"FROM {TABLE} WHERE id = ? AND state = 'scheduled' AND due_at = ?",
+                (job_id, due_at),
+            )
+            if row is None:
+                return None
+            session_key, session_id, platform, chat_id, thread_id, text, cron = row
+            # From the schedule's own grid: a late fire does not shift later runs.
+            next_at = None if cron is None else next_occurrence(str(cron), max(due_at, now))
+            dropped = late > self.max_lateness
+            if next_at is not None:
+                state, new_due = "scheduled", next_at
+            else:
+                state, new_due = (_DROPPED if dropped else "fired"), due_at
+            claimed = await tx.execute(
+                f"UPDATE {TABLE} SET state = ?, due_at = ?, fired_count = fired_count + ? "
+                "WHERE id = ? AND state = 'scheduled' AND due_at = ?",
+                (state, new_due, 0 if dropped else 1, job_id, due_at),
+            )
+            if claimed != 1:
+                return None
+            if dropped:
+                return _DROPPED
+            message_ref = f"schedule:{job_id}@{due_at!r}"
+            obligation = Obligation.owed(
+                obligation_id=compute_obligation_id(str(session_key), message_ref, str(text)),
+                session_key=str(session_key),
+                session_id=str(session_id),
+                platform=str(platform),
+                chat_id=str(chat_id),
+                thread_id=None if thread_id is None else str(thread_id),
+                reply_to=None,
+                content=str(text),
+                message_ref=message_ref,
+            )
+            if not await self._ledger.record_in(tx, obligation):
+                return None  # this occurrence was owed before
+            return obligation
+
+        outcome = await self._store.run(body)
+        if outcome == _DROPPED:
+            self._metrics.scheduled_dropped.inc()
+            logger.info(
+                "scheduled job %s dropped: %.0f s late, over SCHEDULE_MAX_LATENESS_SECONDS",
+                job_id,
+                late,
+            )
+        elif isinstance(outcome, Obligation):
+            self._metrics.scheduled_fired.inc()
+            logger.info(
+                "scheduled job %s fired (%.0f s late) as %s", job_id, late, outcome.obligation_id
+            )
+        return outcome
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Fire jobs as they fall due until ``stopping`` is set."""
+        while not stopping.is_set():
+            self._wake.clear()  # before the read: a job committed from here on wakes us
+            wait = self.poll_seconds
+            try:
+                await self.fire_due()
+                next_at = await self.next_due()
+                if next_at is not None:
+                    wait = min(wait, max(0.0, next_at - self.now()))
+            except Exception:
+                logger.exception("firing scheduled messages failed; trying again later")
+            waiters = {
+                asyncio.ensure_future(stopping.wait()),
+                asyncio.ensure_future(self._wake.wait()),
+            }
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+                await asyncio.gather(*waiters, return_exceptions=True)
