@@ -1,4 +1,4 @@
-"""``python -m bot`` / ``chatflow``: run the bot, chat, inspect sessions, the ledger, pairing."""
+"""``python -m bot`` / ``chatflow``: run the bot, chat, sessions, ledger, pairing, schedule."""
 
 from __future__ import annotations
 
@@ -283,6 +283,47 @@ async def _send(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _schedule(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.gateway.operator_send import TargetError, parse_target
+    from bot.gateway.scheduled_jobs import cancel_job, scheduled_jobs
+
+    target = None
+    if args.action == "list" and args.chat is not None:
+        try:
+            target = parse_target(args.chat)
+        except TargetError as exc:
+            print(f"chatflow: schedule: {exc}", file=sys.stderr)
+            return 2
+    store = open_store(settings)
+    try:
+        if args.action == "cancel":
+            outcome = await cancel_job(store, args.job_id)
+            if outcome != "cancelled":
+                why = "no such job" if outcome == "unknown" else f"it was {outcome}"
+                print(f"chatflow: schedule: cannot cancel {args.job_id}: {why}", file=sys.stderr)
+                return 2
+            print(f"cancelled {args.job_id}")
+            return 0
+        jobs = await scheduled_jobs(store, target=target)
+    finally:
+        await store.close()
+    if not jobs:
+        print("No scheduled messages.")
+        return 0
+    for job in jobs:
+        due = job.due_at.isoformat(timespec="seconds").replace("+00:00", "Z")
+        # The chat id (often a phone number) only where the operator typed it.
+        where = args.chat if target is not None else job.session_id
+        text = " ".join(job.text.split())
+        text = text if len(text) <= _LIST_TEXT else text[: _LIST_TEXT - 1] + "…"
+        print(f"{job.job_id}  {due}  {job.cron or '-':<13} {job.platform:<9} {where}  {text}")
+    return 0
+
+
+_LIST_TEXT = 60
+"""``schedule list`` cuts a job's text to this many characters."""
+
+
 async def _doctor(settings: Settings, args: argparse.Namespace) -> int:
     from bot.doctor import run_checks
 
@@ -400,6 +441,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     send.add_argument("text", metavar="TEXT", help="the message; - reads it from standard input")
     send.set_defaults(handler=_send)
+
+    schedule = sub.add_parser(
+        "schedule",
+        help="list or cancel the messages agents scheduled",
+        description="Scheduled messages waiting to be sent (the same database as the bot, "
+        "running or not).",
+    )
+    sc_sub = schedule.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sc_list = sc_sub.add_parser("list", help="waiting jobs, soonest first")
+    sc_list.add_argument(
+        "--chat",
+        metavar="PLATFORM:CHAT_ID[:THREAD_ID]",
+        default=None,
+        help="only this chat's jobs, e.g. telegram:123456789",
+    )
+    sc_cancel = sc_sub.add_parser("cancel", help="cancel a job that has not been sent")
+    sc_cancel.add_argument("job_id", metavar="ID", help="a job id from `schedule list`")
+    schedule.set_defaults(handler=_schedule)
 
     doctor = sub.add_parser(
         "doctor",

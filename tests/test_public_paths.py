@@ -201,6 +201,7 @@ PUBLIC_PATHS: dict[str, set[str]] = {
         "JobRoute",
         "MIGRATIONS",
         "POLICY",
+        "SCHEDULED_MARKER",
         "ScheduleRequest",
         "SchedulingPolicy",
         "TABLE",
@@ -211,6 +212,7 @@ PUBLIC_PATHS: dict[str, set[str]] = {
         "list_scheduled_messages",
         "next_occurrence",
         "schedule_message",
+        "scheduled_prompt",
         "scheduling_tools",
     },
     "bot.core.models": {

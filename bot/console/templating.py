@@ -51,6 +51,7 @@ _TEMPLATES: Final = (
     "messages.html",
     "live.html",
     "ledger.html",
+    "scheduled.html",
     "web.html",
 )
 

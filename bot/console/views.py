@@ -31,6 +31,7 @@ from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError
 from bot.gateway.contract import MessageEvent
 from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.scheduled_jobs import cancel_job, scheduled_jobs
 from bot.gateway.takeover import ConversationNotFoundError, OperatorDesk, Takeovers
 from bot.metrics import Metrics
 
@@ -43,6 +44,7 @@ MAX_REPLY_CHARS: Final = 16_000
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 _OBLIGATION_ID_RE: Final = re.compile(r"[0-9a-f]{1,64}")
 _SHA256_RE: Final = re.compile(r"[0-9a-f]{64}")
+_JOB_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _INLINE_IMAGES: Final = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 """Shown in the page; any other file is only downloaded (an SVG could carry script)."""
 _ERRORS: Final = {
@@ -111,6 +113,9 @@ class ConsoleViews:
             Route(f"{p}/c/{{sid}}/takeover", wrap(self.take_over), methods=["POST"]),
             Route(f"{p}/c/{{sid}}/handback", wrap(self.hand_back), methods=["POST"]),
             Route(f"{p}/c/{{sid}}/reply", wrap(self.reply), methods=["POST"]),
+            Route(f"{p}/c/{{sid}}/send", wrap(self.send), methods=["POST"]),
+            Route(f"{p}/scheduled", wrap(self.scheduled, page=True), methods=["GET"]),
+            Route(f"{p}/scheduled/{{jid}}/cancel", wrap(self.cancel_job), methods=["POST"]),
             Route(f"{p}/web", wrap(self.web_page, page=True), methods=["GET"]),
             Route(f"{p}/web", wrap(self.web_start), methods=["POST"]),
             Route(f"{p}/c/{{sid}}/say", wrap(self.web_say), methods=["POST"]),
@@ -286,6 +291,7 @@ class ConsoleViews:
             inbox=inbox,
             error=_ERRORS.get(request.query_params.get("error", ""), ""),
             nonce=uuid.uuid4().hex,
+            send_nonce=uuid.uuid4().hex,
             max_reply=MAX_REPLY_CHARS,
         )
 
@@ -371,7 +377,16 @@ class ConsoleViews:
         return self._back(f"/c/{sid}")
 
     async def reply(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
-        """Send the operator's reply through the ledger."""
+        """Send the operator's reply through the ledger, taking the conversation over."""
+        return await self._operator_message(request, form, take_over=True)
+
+    async def send(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """Send the operator's message through the ledger; the bot keeps answering."""
+        return await self._operator_message(request, form, take_over=False)
+
+    async def _operator_message(
+        self, request: Request, form: Mapping[str, str], *, take_over: bool
+    ) -> Response:
         sid = self._sid(request)
         if sid is None:
             return PlainTextResponse("no such conversation", status_code=404)
@@ -380,8 +395,9 @@ class ConsoleViews:
             return self._back(f"/c/{sid}", "empty")
         if await queries.conversation(self.services.store, sid) is None:
             return PlainTextResponse("no such conversation", status_code=404)
-        # A person replying means a person answers now: the bot must not talk over them.
-        await self.services.takeovers.take_over(sid)
+        if take_over:
+            # A person replying means a person answers now: the bot must not talk over them.
+            await self.services.takeovers.take_over(sid)
         try:
             await self.services.desk.reply(sid, text, nonce=_nonce(form))
         except ConversationNotFoundError:
@@ -428,6 +444,26 @@ class ConsoleViews:
         if _OBLIGATION_ID_RE.fullmatch(oid):
             await self.services.ledger.abandon(oid, reason)
         return self._back("/ledger")
+
+    # -- scheduled messages ------------------------------------------------------
+
+    async def scheduled(
+        self, request: Request, who: Principal, form: Mapping[str, str]
+    ) -> Response:
+        """Messages agents scheduled that are still waiting, with a cancel button each."""
+        store = self.services.store
+        jobs = await scheduled_jobs(store)
+        chats = await queries.conversations_by_id(store, (j.session_id for j in jobs))
+        return await self._page("scheduled.html", who, jobs=jobs, chats=chats)
+
+    async def cancel_job(
+        self, request: Request, who: Principal, form: Mapping[str, str]
+    ) -> Response:
+        """``schedule cancel``: a job not sent yet is never sent."""
+        jid = str(request.path_params["jid"])
+        if _JOB_ID_RE.fullmatch(jid):
+            await cancel_job(self.services.store, jid)
+        return self._back("/scheduled")
 
     # -- the web channel -----------------------------------------------------------
 

@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_MAX_PER_CHAT",
     "MIGRATIONS",
     "POLICY",
+    "SCHEDULED_MARKER",
     "TABLE",
     "CancelRequest",
     "JobRoute",
@@ -47,6 +48,7 @@ __all__ = [
     "list_scheduled_messages",
     "next_occurrence",
     "schedule_message",
+    "scheduled_prompt",
     "scheduling_tools",
 ]
 
@@ -76,6 +78,10 @@ MIGRATIONS: Final = {
 }
 """``MIGRATIONS[v]`` moves the jobs table from version ``v - 1`` to ``v`` (SQLite DDL)."""
 
+SCHEDULED_MARKER: Final = "[Scheduled reminder]"
+"""Starts the prompt of a ``run_agent`` job's turn, so the model reads it as the
+reminder it set itself, not as something the user just wrote."""
+
 DEFAULT_MAX_PER_CHAT: Final = 20
 POLICY: Final = "scheduling"
 """Key of the ``SchedulingPolicy`` in ``ToolContext.services``."""
@@ -96,6 +102,7 @@ class ScheduleRequest:
     text: str
     due_at: float
     cron: str | None = None
+    run_agent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +142,7 @@ async def apply_in(
             scheduled += await tx.execute(
                 f"INSERT INTO {TABLE} (id, session_key, session_id, platform, chat_id, "
                 "thread_id, text, run_agent, cron, due_at, state, created_at, fired_count) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, 'scheduled', ?, 0) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'scheduled', ?, 0) "
                 "ON CONFLICT(id) DO NOTHING",
                 (
                     request.job_id,
@@ -145,6 +152,7 @@ async def apply_in(
                     route.chat_id,
                     route.thread_id,
                     request.text,
+                    1 if request.run_agent else 0,
                     request.cron,
                     request.due_at,
                     now,
@@ -172,6 +180,11 @@ def next_occurrence(expression: str, after: float) -> float:
 
     start = datetime.fromtimestamp(after, UTC)
     return float(croniter(expression, start).get_next(float))
+
+
+def scheduled_prompt(text: str) -> str:
+    """The prompt of a ``run_agent`` job's turn: its text behind ``SCHEDULED_MARKER``."""
+    return f"{SCHEDULED_MARKER} {text}"
 
 
 def _iso(epoch: float) -> str:
@@ -255,12 +268,10 @@ async def _schedule_message(
             (e.g. 2026-05-01T09:00:00+02:00).
         every: Repeat on this 5-field cron schedule in UTC (minute hour day month
             weekday), e.g. "0 9 * * 1".
-        run_agent: Not supported yet: leave it false.
+        run_agent: At the due time, run a turn of this conversation with the text as
+            its prompt (marked "[Scheduled reminder]") and send the answer, instead
+            of sending the text itself.
     """
-    if run_agent:
-        return error_result(
-            "run_agent is not supported yet: schedule the message text itself (run_agent=false)"
-        )
     if not text.strip():
         return error_result("text is empty: give the message to send")
     host = _host(ctx)
@@ -303,8 +314,10 @@ async def _schedule_message(
             "cancel one first (list_scheduled_messages shows them)"
         )
     job_id = f"job_{uuid.uuid4().hex[:12]}"
-    ctx.effects.append(ScheduleRequest(job_id, text, due, cron))
+    ctx.effects.append(ScheduleRequest(job_id, text, due, cron, run_agent=bool(run_agent)))
     answer = {"job_id": job_id, "due_at_utc": _iso(due), "status": "scheduled"}
+    if run_agent:
+        answer["runs_agent"] = "yes: the answer to the text is sent, not the text"
     if cron is not None:
         answer["repeats"] = f"{cron} (UTC)"
     return json.dumps(answer)

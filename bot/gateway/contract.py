@@ -138,6 +138,9 @@ class MessageEvent:
     such an event carries no text and starts no turn."""
     media: tuple[MediaAttachment, ...] = ()
     """Attachments the gateway fetches after tx 1 and gives the turn (``text`` is the caption)."""
+    scheduled: bool = False
+    """Not from a person: a ``run_agent`` job the scheduler journaled at its due time
+    (``text`` carries ``SCHEDULED_MARKER``); the gate and access control let it through."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """The platform payload, kept for adapters; never logged."""
 

@@ -122,6 +122,8 @@ class Gateway:
             self.metrics,
             max_lateness=settings.schedule_max_lateness_seconds,
             on_fired=self._queue_sends,
+            inbox=self.inbox,
+            on_turns=self._queue_turns,
         )
         self.turns.on_scheduled = self.scheduler.wake
         runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(settings.max_scheduled_per_chat)
@@ -241,6 +243,14 @@ class Gateway:
             self._queue_sends(owed)
         else:
             self._early.extend(owed)
+
+    def _queue_turns(self, entries: list[InboxEntry]) -> None:
+        """Queue turns journaled without an adapter (``run_agent`` jobs) in their lanes."""
+        for entry in entries:
+            if self._ready:
+                self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
+            else:
+                self._early.append(entry)
 
     def _queue_sends(self, owed: list[Obligation]) -> None:
         """Queue adopted rows in their conversations' lanes; each is claimed when its turn comes."""

@@ -161,33 +161,53 @@ class Inbox:
             await self.open()
         now = to_epoch(self._clock())
         payload = _encode_event(event_to_dict(event))
+        return await self._store.run(
+            lambda tx: self._accept_in(tx, event, session_key, session_id, now, payload)
+        )
 
-        async def body(tx: Transaction) -> bool:
-            if not await self._store.claim_in(tx, event.message_id):
-                return False
-            inserted = await tx.execute(
-                f"INSERT INTO {_TABLE} (message_id, platform, session_key, session_id, "
-                "event_json, state, error, attempts, received_at, updated_at, owner_instance) "
-                "VALUES (?, ?, ?, ?, ?, 'received', NULL, 0, ?, ?, ?) "
-                "ON CONFLICT(message_id) DO NOTHING",
-                (
-                    event.message_id,
-                    event.platform,
-                    session_key,
-                    session_id,
-                    payload,
-                    now,
-                    now,
-                    self._owner,
-                ),
-            )
-            # An existing row means the message was journaled before the dedup id
-            # expired: still a duplicate.
-            if inserted == 1 and self._on_accept_in is not None:
-                await self._on_accept_in(tx, event)
-            return inserted == 1
+    async def accept_in(
+        self, tx: Transaction, event: MessageEvent, *, session_key: str, session_id: str
+    ) -> bool:
+        """Journal ``event`` inside the caller's transaction (the scheduler's claim of a
+        ``run_agent`` job): ``True`` the first time, ``False`` for a duplicate."""
+        await self._ensure_open_in(tx)
+        now = to_epoch(self._clock())
+        payload = _encode_event(event_to_dict(event))
+        return await self._accept_in(tx, event, session_key, session_id, now, payload)
 
-        return await self._store.run(body)
+    async def _accept_in(
+        self,
+        tx: Transaction,
+        event: MessageEvent,
+        session_key: str,
+        session_id: str,
+        now: float,
+        payload: str,
+    ) -> bool:
+        if not await self._store.claim_in(tx, event.message_id):
+            return False
+        inserted = await tx.execute(
+            f"INSERT INTO {_TABLE} (message_id, platform, session_key, session_id, "
+            "event_json, state, error, attempts, received_at, updated_at, owner_instance) "
+            "VALUES (?, ?, ?, ?, ?, 'received', NULL, 0, ?, ?, ?) "
+            "ON CONFLICT(message_id) DO NOTHING",
+            (
+                event.message_id,
+                event.platform,
+                session_key,
+                session_id,
+                payload,
+                now,
+                now,
+                self._owner,
+            ),
+        )
+        # An existing row means the message was journaled before the dedup id
+        # expired: still a duplicate. A scheduled turn is not the person writing:
+        # it must not, e.g., reopen their WhatsApp window.
+        if inserted == 1 and self._on_accept_in is not None and not event.scheduled:
+            await self._on_accept_in(tx, event)
+        return inserted == 1
 
     async def mark_done_in(
         self, tx: Transaction, message_id: str, error: str | None = None

@@ -12,6 +12,14 @@ replay computes the same obligation id. A repeating job moves to the
 schedule's next time after now (not after the late fire time) in the same
 transaction; a one-shot job ends ``fired``.
 
+A ``run_agent`` job owes a turn, not a text: the same transaction journals an
+inbox entry instead of the obligation (a synthetic ``MessageEvent`` flagged
+``scheduled``, its text behind ``SCHEDULED_MARKER``, its ``message_id`` the job
+id and occurrence, so a replay is a dedup hit). It lands in the job's stored
+session, runs in that conversation's lane like any accepted message, and its
+answer is owed through the turn's commit and the ledger; a crash before that
+commit leaves the entry ``received`` and the inbox's recovery runs it at start.
+
 A job found more than ``SCHEDULE_MAX_LATENESS_SECONDS`` late (the bot was down)
 is not sent: a one-shot job ends ``dropped``, a repeating one skips to its
 next time; both are logged (job id only) and counted.
@@ -25,9 +33,12 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
-from bot.core.scheduling import TABLE, ensure_jobs_schema_in, next_occurrence
+from bot.core.scheduling import TABLE, ensure_jobs_schema_in, next_occurrence, scheduled_prompt
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
+from bot.gateway.contract import ChatType, MessageEvent, SessionSource
+from bot.gateway.inbox import Inbox, InboxEntry
+from bot.gateway.instances import from_epoch
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.metrics import Metrics
@@ -54,8 +65,14 @@ class Scheduler:
         max_lateness: float,
         on_fired: Callable[[list[Obligation]], None],
         poll_seconds: float = POLL_SECONDS,
+        inbox: Inbox | None = None,
+        on_turns: Callable[[list[InboxEntry]], None] | None = None,
     ) -> None:
+        """``on_fired`` gets the obligations of fired jobs, ``on_turns`` the inbox
+        entries of fired ``run_agent`` jobs (both after their commit)."""
         self._store = store
+        self._inbox = inbox
+        self._on_turns = on_turns
         self._ledger = ledger
         self._metrics = metrics
         self.max_lateness = max_lateness
@@ -97,32 +114,41 @@ class Scheduler:
             )
 
         fired: list[Obligation] = []
+        turns: list[InboxEntry] = []
         for job_id, due_at in await self._store.run(due):
             outcome = await self._fire(str(job_id), float(due_at))
             if isinstance(outcome, Obligation):
                 fired.append(outcome)
+            elif isinstance(outcome, InboxEntry):
+                turns.append(outcome)
         if fired:
             self._on_fired(fired)
-        return len(fired)
+        if turns and self._on_turns is not None:
+            self._on_turns(turns)
+        return len(fired) + len(turns)
 
-    async def _fire(self, job_id: str, due_at: float) -> Obligation | str | None:
-        """Claim one occurrence; the obligation it owes, ``"dropped"``, or ``None`` when
-        another process (or an earlier pass) had it."""
+    async def _fire(self, job_id: str, due_at: float) -> Obligation | InboxEntry | str | None:
+        """Claim one occurrence; the obligation (or, for ``run_agent``, the inbox entry)
+        it owes, ``"dropped"``, or ``None`` when another process (or an earlier pass)
+        had it."""
         now = self.now()
         late = now - due_at
 
-        async def body(tx: Transaction) -> Obligation | str | None:
+        async def body(tx: Transaction) -> Obligation | InboxEntry | str | None:
             row = await tx.fetchone(
-                f"SELECT session_key, session_id, platform, chat_id, thread_id, text, cron "
-                f"FROM {TABLE} WHERE id = ? AND state = 'scheduled' AND due_at = ?",
+                "SELECT session_key, session_id, platform, chat_id, thread_id, text, cron, "
+                f"run_agent FROM {TABLE} WHERE id = ? AND state = 'scheduled' AND due_at = ?",
                 (job_id, due_at),
             )
             if row is None:
                 return None
-            session_key, session_id, platform, chat_id, thread_id, text, cron = row
+            session_key, session_id, platform, chat_id, thread_id, text, cron, run_agent = row
             # From the schedule's own grid: a late fire does not shift later runs.
             next_at = None if cron is None else next_occurrence(str(cron), max(due_at, now))
             dropped = late > self.max_lateness
+            if run_agent and self._inbox is None:
+                logger.error("scheduled job %s needs a turn but no inbox is set up", job_id)
+                dropped = True
             if next_at is not None:
                 state, new_due = "scheduled", next_at
             else:
@@ -137,6 +163,22 @@ class Scheduler:
             if dropped:
                 return _DROPPED
             message_ref = f"schedule:{job_id}@{due_at!r}"
+            if run_agent:
+                assert self._inbox is not None
+                entry = _scheduled_entry(
+                    message_ref,
+                    str(session_key),
+                    str(session_id),
+                    str(platform),
+                    str(chat_id),
+                    None if thread_id is None else str(thread_id),
+                    str(text),
+                    now,
+                )
+                accepted = await self._inbox.accept_in(
+                    tx, entry.event, session_key=entry.session_key, session_id=entry.session_id
+                )
+                return entry if accepted else None  # this occurrence was journaled before
             obligation = Obligation.owed(
                 obligation_id=compute_obligation_id(str(session_key), message_ref, str(text)),
                 session_key=str(session_key),
@@ -165,6 +207,9 @@ class Scheduler:
             logger.info(
                 "scheduled job %s fired (%.0f s late) as %s", job_id, late, outcome.obligation_id
             )
+        elif isinstance(outcome, InboxEntry):
+            self._metrics.scheduled_fired.inc()
+            logger.info("scheduled job %s fired (%.0f s late) as a turn", job_id, late)
         return outcome
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -191,3 +236,47 @@ class Scheduler:
                 for waiter in waiters:
                     waiter.cancel()
                 await asyncio.gather(*waiters, return_exceptions=True)
+
+
+def _chat_type(session_key: str) -> ChatType:
+    """The chat type a session key was built for (``agent:main:<platform>:<type>:...``)."""
+    parts = session_key.split(":")
+    kind = parts[3] if len(parts) > 3 else ""
+    return "group" if kind == "group" else "channel" if kind == "channel" else "dm"
+
+
+def _scheduled_entry(
+    message_ref: str,
+    session_key: str,
+    session_id: str,
+    platform: str,
+    chat_id: str,
+    thread_id: str | None,
+    text: str,
+    now: float,
+) -> InboxEntry:
+    """The turn a ``run_agent`` job owes, in the job's own session (its stored key and
+    id, not one rebuilt from the route): nobody wrote it, so the chat stands in for
+    the sender."""
+    received_at = from_epoch(now)
+    event = MessageEvent(
+        platform=platform,
+        message_id=message_ref,
+        source=SessionSource(
+            platform=platform,
+            chat_id=chat_id,
+            chat_type=_chat_type(session_key),
+            sender_id=chat_id,
+            thread_id=thread_id,
+        ),
+        text=scheduled_prompt(text),
+        timestamp=received_at,
+        scheduled=True,
+    )
+    return InboxEntry(
+        event=event,
+        session_key=session_key,
+        session_id=session_id,
+        received_at=received_at,
+        attempts=0,
+    )

@@ -83,7 +83,6 @@ async def commit(store: SQLiteSessionStore, ctx: ToolContext, chat_id: str = "10
         ({"delay_seconds": 5, "every": "every monday"}, "not a 5-field cron"),
         ({"delay_seconds": 5, "every": "0 9 * * * *"}, "not a 5-field cron"),
         ({"delay_seconds": 5, "every": "61 9 * * *"}, "not a 5-field cron"),
-        ({"delay_seconds": 5, "run_agent": True}, "run_agent is not supported yet"),
         ({"delay_seconds": "soon"}, "invalid arguments"),
     ],
 )
@@ -215,3 +214,18 @@ def test_the_three_tools_are_one_list() -> None:
         "list_scheduled_messages",
         "cancel_scheduled_message",
     ]
+
+
+async def test_run_agent_is_accepted_and_stored_with_the_job(store: SQLiteSessionStore) -> None:
+    ctx = ctx_for(store)
+    result = await call(
+        ctx, schedule_message, text="Ask how the exam went", delay_seconds=60, run_agent=True
+    )
+    assert result["status"] == "scheduled"
+    (request,) = ctx.effects
+    assert isinstance(request, ScheduleRequest)
+    assert request.run_agent
+    await commit(store, ctx)
+    async with store.transaction() as tx:
+        rows = await tx.fetchall("SELECT text, run_agent FROM chatflow_scheduled_jobs")
+    assert rows == [("Ask how the exam went", 1)]

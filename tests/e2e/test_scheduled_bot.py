@@ -109,3 +109,44 @@ async def test_a_bot_killed_before_the_due_time_sends_it_once_after_the_restart(
     texts = await _wait_for_text(telegram, REMINDER, within=20)
     texts = await _answered_then_thanked(telegram, len(texts) + 1)
     assert texts.count(REMINDER) == 1
+
+
+async def test_a_run_agent_job_runs_a_turn_at_the_due_time_and_its_answer_arrives_once(
+    tmp_path: Path, telegram: FakeTelegramServer
+) -> None:
+    prompt = "Ask whether the cake came out well"
+    followup = "How did the cake turn out?"
+    async with FakeOpenAIServer() as openai:
+        openai.add(
+            openai.call("schedule_message", text=prompt, delay_seconds=3, run_agent=True),
+            openai.reply(ANSWER),
+            openai.reply(followup),
+            openai.reply(LATER),
+        )
+        process = BotProcess(
+            tmp_path / "data",
+            {
+                "TELEGRAM_BOT_TOKEN": telegram.token,
+                "TELEGRAM_API_BASE_URL": telegram.base_url,
+                "OPENAI_API_KEY": openai.api_key,
+                "OPENAI_BASE_URL": openai.base_url,
+                "DEFAULT_MODEL": "gpt-test",
+                "AGENTS_MODULE": "agents.reminders",
+            },
+        )
+        await process.start()
+        try:
+            telegram.push_update(update("private_text", 1, text="check on the cake in 3 s"))
+            (answer,) = await telegram.wait_for_sent(1, within=20)
+            assert answer.text == ANSWER
+            sent = await telegram.wait_for_sent(2, within=12)
+            assert (sent[1].chat_id, sent[1].text) == (CHAT_ID, followup)
+            # The scheduled turn's prompt is the job's text, marked as the model's own reminder.
+            scheduled = openai.chat_requests[2].messages[-1]
+            assert scheduled["role"] == "user"
+            assert scheduled["content"] == f"[Scheduled reminder] {prompt}"
+            assert await _answered_then_thanked(telegram, 3) == [ANSWER, followup, LATER]
+            log = "\n".join(process.log)
+            assert prompt not in log and str(CHAT_ID) not in log
+        finally:
+            await process.kill()

@@ -22,6 +22,7 @@ from bot.core.stores.base import TransactionalStore
 from bot.core.stores.postgres import PostgresSessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.gateway import Gateway
+from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation
 from bot.gateway.scheduler import Scheduler
@@ -297,6 +298,140 @@ async def test_a_job_fired_by_a_process_that_died_before_sending_is_sent_once_at
         assert await gateway.scheduler.fire_due() == 0
         assert await gateway._dispatcher.drain(5)
         assert len(adapter.sent) == 1
+    finally:
+        await gateway.stop(grace=1)
+        await store.close()
+
+
+async def inbox_rows(store: TransactionalStore) -> list[tuple[Any, ...]]:
+    async with store.transaction() as tx:
+        return await tx.fetchall(
+            "SELECT message_id, session_key, session_id, state FROM chatflow_inbox "
+            "ORDER BY received_at, message_id"
+        )
+
+
+def last_prompt(model: ScriptedModel) -> str:
+    return str(model.requests[-1].messages[-1].content)
+
+
+async def test_a_run_agent_job_runs_one_marked_turn_in_its_session_and_is_answered_once(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock(NOW)
+    store = SQLiteSessionStore(tmp_path / "chatflow.db", clock=clock)
+    model = ScriptedModel(
+        [
+            ScriptedModel.call(
+                "schedule_message", text="Ask how the exam went", delay_seconds=60, run_agent=True
+            ),
+            ScriptedModel.reply("Good luck! I will ask you later."),
+            ScriptedModel.reply("So, how did the exam go?"),
+        ]
+    )
+    agent = Agent(name="Helper", instructions="x", tools=[*scheduling_tools])
+    adapter = FakeAdapter()
+    gateway = Gateway(
+        Runner(agent, store, model=model),
+        store,
+        [adapter],
+        Settings(data_dir=tmp_path),
+        secret=SECRET,
+    )
+    await gateway.start()
+    await gateway.wait_ready()
+    try:
+        assert await adapter.deliver(make_event("exam today", chat_id="chat-1", thread_id="7"))
+        await adapter.wait_for_sent(1)
+        ((_, session_key, session_id, _),) = await inbox_rows(store)
+        clock.advance(seconds=61)
+        gateway.scheduler.wake()
+        sent = await adapter.wait_for_sent(2)
+        assert (sent[1].chat_id, sent[1].thread_id, sent[1].text) == (
+            "chat-1",
+            "7",
+            "So, how did the exam go?",
+        )
+        # The model reads the job's text as its own reminder, not as the user's words.
+        assert last_prompt(model) == "[Scheduled reminder] Ask how the exam went"
+        job_ref = f"schedule:{(await jobs_ids(store))[0]}@{T0 + 60!r}"
+        assert (await inbox_rows(store))[1] == (job_ref, session_key, session_id, "done")
+        event = await gateway.inbox.journaled_event(job_ref)
+        assert event is not None and event.scheduled
+        assert await gateway._dispatcher.drain(5)
+        # A replay of the claim (the job row read as still due) is a duplicate.
+        async with store.transaction() as tx:
+            await tx.execute(
+                "UPDATE chatflow_scheduled_jobs SET state = 'scheduled', due_at = ?", (T0 + 60,)
+            )
+        assert await gateway.scheduler.fire_due() == 0
+        assert await gateway._dispatcher.drain(5)
+        assert len(adapter.sent) == 2
+        assert len(await inbox_rows(store)) == 2
+        async with store.transaction() as tx:
+            owed = await tx.fetchall(
+                "SELECT content FROM chatflow_delivery_obligations WHERE message_ref = ?",
+                (job_ref,),
+            )
+        assert owed == [("So, how did the exam go?",)]
+    finally:
+        await gateway.stop(grace=1)
+        await store.close()
+
+
+async def jobs_ids(store: TransactionalStore) -> list[str]:
+    async with store.transaction() as tx:
+        return [str(r[0]) for r in await tx.fetchall("SELECT id FROM chatflow_scheduled_jobs")]
+
+
+async def test_a_run_agent_job_claimed_before_a_crash_is_run_from_the_journal_once(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteSessionStore(tmp_path / "chatflow.db")
+    await store.open()
+    async with store.transaction() as tx:  # due a minute ago, by the real clock
+        request = ScheduleRequest("job_1", "Water the plants", time.time() - 60, run_agent=True)
+        await apply_in(tx, [request], ROUTE, T0)
+    turns: list[InboxEntry] = []
+    owed: list[Obligation] = []
+    dead = Scheduler(
+        store,
+        DeliveryLedger(store, owner=dead_owner()),
+        Metrics(),
+        max_lateness=3600,
+        on_fired=owed.extend,
+        inbox=Inbox(store, owner="dead-process"),
+        on_turns=turns.extend,
+    )
+    assert await dead.fire_due() == 1  # claimed and journaled: then the process "died"
+    assert owed == [] and turns[0].session_id == ROUTE.session_id
+    model = ScriptedModel([ScriptedModel.reply("Time to water the plants!")])
+    adapter = FakeAdapter(name="fake")
+    # Pairing mode would refuse a stranger: a scheduled turn is nobody's message.
+    settings = Settings(data_dir=tmp_path, access_mode="pairing")
+    gateway = Gateway(
+        Runner(Agent(name="A", instructions="x"), store, model=model),
+        store,
+        [adapter],
+        settings,
+        secret=SECRET,
+    )
+    await gateway.start()
+    try:
+        await gateway.wait_ready()
+        (sent,) = await adapter.wait_for_sent(1)
+        assert (sent.chat_id, sent.thread_id, sent.text) == (
+            "chat-1",
+            "7",
+            "Time to water the plants!",
+        )
+        assert last_prompt(model) == "[Scheduled reminder] Water the plants"
+        assert await gateway.scheduler.fire_due() == 0
+        assert await gateway._dispatcher.drain(5)
+        assert len(adapter.sent) == 1
+        ((_, session_key, session_id, state),) = await inbox_rows(store)
+        assert (session_key, session_id, state) == (ROUTE.session_key, ROUTE.session_id, "done")
+        assert await store.get(ROUTE.session_id) is not None  # the job's session, not a new one
     finally:
         await gateway.stop(grace=1)
         await store.close()
