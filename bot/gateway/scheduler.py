@@ -47,8 +47,11 @@ __all__ = ["POLL_SECONDS", "Scheduler"]
 
 logger = logging.getLogger(__name__)
 
-POLL_SECONDS: Final = 30.0
-"""Longest sleep between two reads of the jobs table (jobs other processes added)."""
+POLL_SECONDS: Final = 5.0
+"""Longest sleep between two reads of the jobs table (jobs other processes added).
+
+Short because it is also how late a job fires when the process that wrote it died
+before it was due: a survivor only learns of the job here (like the retry poll)."""
 
 _DROPPED: Final = "dropped"
 

@@ -14,6 +14,7 @@ import pytest
 
 from bot.platforms.whatsapp.templates import WINDOW_CLOSED_REASON
 from tests.e2e.botprocess import BotProcess
+from tests.fakes.openai_server import FakeOpenAIServer
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
 from tests.fakes.whatsapp_webhook import PHONE_NUMBER_ID, USER_WA_ID, WebhookSender
 
@@ -119,3 +120,36 @@ async def test_closed_window_without_template_is_abandoned_with_the_reason(
     status = await ledger_status(bot)
     assert "abandoned: 1" in status
     assert WINDOW_CLOSED_REASON in status
+
+
+async def test_meta_refusing_free_form_while_our_record_says_open_sends_the_template_once(
+    start_bot: Callable[[dict[str, str]], BotProcess], graph: FakeWhatsAppServer
+) -> None:
+    """The person just wrote (our clock: window open), yet Meta answers 131047 (its clock
+    wins): one free-form try, then the template with the text, and no retry loop."""
+    answer = "Order 1001 ships tomorrow morning."
+    async with FakeOpenAIServer() as openai:
+        openai.add(openai.reply(answer))
+        bot = start_bot(
+            bot_env(
+                graph,
+                WHATSAPP_TEMPLATE_NAME=TEMPLATE,
+                OPENAI_API_KEY=openai.api_key,
+                OPENAI_BASE_URL=openai.base_url,
+                DEFAULT_MODEL="gpt-test",
+            )
+        )
+        await bot.start()
+        sender = WebhookSender(f"{bot.url}/webhooks/whatsapp", APP_SECRET)
+        await sender.post_one(sender.text("where is my order #1001?"))
+        (sent,) = await graph.wait_for_sent(1, within=20)
+        await metric_reaches(bot, 'chatflow_replies_delivered_total{platform="whatsapp"} 1.0')
+        status = await ledger_status(bot)
+    assert "abandoned: 0  attempting: 0  delivered: 1  failed: 0  pending: 0" in status
+    to_user = [r for r in graph.requests if r.json.get("to") == USER_WA_ID]
+    assert [r.json["type"] for r in to_user] == ["text", "template"]  # not a retry loop
+    assert to_user[0] in graph.rejected and to_user[0].json["text"]["body"] == answer
+    assert graph.templates == [sent] == [to_user[1]]
+    assert sent.json["template"]["name"] == TEMPLATE
+    assert graph.template_texts(sent) == [answer]
+    assert len(openai.chat_requests) == 1  # the turn ran once; only its delivery changed
