@@ -11,6 +11,7 @@ all of them, also when the process that wrote the job is SIGKILLed before it is 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -188,3 +189,72 @@ async def test_the_writer_killed_before_the_due_time_the_survivor_sends_it_once(
     jobs, owed = await jobs_and_obligations(fleet.dsn)
     assert jobs == [("fired", 1)]
     assert owed.count("delivered") == 1
+
+
+async def test_an_operator_send_reaches_the_chat_once_from_one_of_the_processes(
+    fleet: Fleet, openai: FakeOpenAIServer
+) -> None:
+    """``python -m bot send`` against the shared database while both processes run."""
+    bot = fleet.bots[0]
+    message = "Your parcel left the warehouse."
+    command = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "send",
+        f"whatsapp:{USER_WA_ID}",
+        message,
+        cwd=bot.data_dir.parent,
+        env=bot.env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(command.communicate(), 60)
+    assert command.returncode == 0, err.decode()
+    assert out.decode().startswith("sent to the running bot: ")
+    await wait_for_text(fleet, message, within=15)
+    await wait_until(lambda: settled(fleet.dsn), within=15)
+    assert len(texts(fleet, message)) == 1
+    assert openai.chat_requests == []  # an operator's message runs no turn
+
+
+async def test_a_closed_window_reply_goes_out_once_as_the_template(
+    tmp_path: Path, openai: FakeOpenAIServer
+) -> None:
+    """Meta refuses free-form text (131047): whichever process answers sends the template
+    once, through the same ledger row."""
+    async with fresh_schema() as dsn:
+        fleet = Fleet(dsn)
+        try:
+            for index in range(PROCESSES):
+                graph = FakeWhatsAppServer(phone_id=PHONE_NUMBER_ID, token=TOKEN)
+                fleet.graphs.append(graph)
+                await graph.start()
+                graph.close_window(USER_WA_ID)
+                graph.on_send = lambda _request: fleet.changed.set()
+                env = whatsapp_env(
+                    graph,
+                    dsn,
+                    OPENAI_API_KEY=openai.api_key,
+                    OPENAI_BASE_URL=openai.base_url,
+                    DEFAULT_MODEL="gpt-test",
+                    WHATSAPP_TEMPLATE_NAME="order_update",
+                )
+                fleet.bots.append(new_bot(tmp_path / f"bot{index}", env))
+            await asyncio.gather(*(bot.start() for bot in fleet.bots))
+            openai.add(openai.reply(ANSWER))
+            await ask(fleet, fleet.bots[1], "where is my parcel?")
+            async with asyncio.timeout(20):
+                while not any(graph.templates for graph in fleet.graphs):
+                    fleet.changed.clear()
+                    await fleet.changed.wait()
+            await wait_until(lambda: settled(dsn), within=15)
+            templates = [t for graph in fleet.graphs for t in graph.templates]
+            assert [FakeWhatsAppServer.template_texts(t) for t in templates] == [[ANSWER]]
+            assert texts(fleet, ANSWER) == []  # never accepted as free-form text
+        finally:
+            for bot in fleet.bots:
+                await bot.kill()
+            for graph in fleet.graphs:
+                await graph.stop()
