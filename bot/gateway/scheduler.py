@@ -8,7 +8,9 @@ UPDATE guarded by the state and the due time read, so of several processes on
 PostgreSQL exactly one changes the row) and records its ledger obligation
 (``pending``, sent through the conversation's lane like any owed reply). The
 obligation's ``message_ref`` is the job id and the occurrence's due time, so a
-replay computes the same obligation id. A repeating job moves to the
+replay computes the same obligation id. The text joins the conversation's history
+as the agent's message in that transaction (under the session's lock), so the
+model and the console see what was said. A repeating job moves to the
 schedule's next time after now (not after the late fire time) in the same
 transaction; a one-shot job ends ``fired``.
 
@@ -30,9 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
+from bot.core.messages import Message, Role
 from bot.core.scheduling import TABLE, ensure_jobs_schema_in, next_occurrence, scheduled_prompt
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
@@ -54,6 +57,10 @@ Short because it is also how late a job fires when the process that wrote it die
 before it was due: a survivor only learns of the job here (like the retry poll)."""
 
 _DROPPED: Final = "dropped"
+
+
+class _NothingToSay(Exception):
+    """Rolls a claim's save back: the job was not fired here, so nothing joins the history."""
 
 
 class Scheduler:
@@ -197,7 +204,7 @@ class Scheduler:
                 return None  # this occurrence was owed before
             return obligation
 
-        outcome = await self._store.run(body)
+        outcome = await self._claim(job_id, due_at, late, body)
         if outcome == _DROPPED:
             self._metrics.scheduled_dropped.inc()
             logger.info(
@@ -214,6 +221,47 @@ class Scheduler:
             self._metrics.scheduled_fired.inc()
             logger.info("scheduled job %s fired (%.0f s late) as a turn", job_id, late)
         return outcome
+
+    async def _claim(
+        self,
+        job_id: str,
+        due_at: float,
+        late: float,
+        body: Callable[[Transaction], Coroutine[Any, Any, Obligation | InboxEntry | str | None]],
+    ) -> Obligation | InboxEntry | str | None:
+        """Run the claim ``body``; a text that goes out also joins its conversation's
+        history (as the agent's message, in the same transaction), so the model and
+        the console know what was said. A ``run_agent`` job's turn records itself."""
+        store = self._store
+
+        async def peek(tx: Transaction) -> tuple[Any, ...] | None:
+            return await tx.fetchone(
+                f"SELECT session_id, text, run_agent FROM {TABLE} "
+                "WHERE id = ? AND state = 'scheduled' AND due_at = ?",
+                (job_id, due_at),
+            )
+
+        row = await store.run(peek, write=False)
+        if row is None or bool(row[2]) or late > self.max_lateness:
+            return await store.run(body)
+        session_id, text = str(row[0]), str(row[1])
+        outcome: list[Obligation | InboxEntry | str | None] = []
+
+        async def claim(tx: Transaction) -> None:
+            outcome.append(await body(tx))
+            if not isinstance(outcome[-1], Obligation):
+                raise _NothingToSay  # not ours, or not sent: leave the history as it was
+
+        async with store.session_lock(session_id):
+            session = await store.get(session_id)
+            if session is None:  # the conversation was deleted: the chat still gets it
+                return await store.run(body)
+            session.add_message(
+                Message(role=Role.MODEL, content=text, agent=session.active_agent.name)
+            )
+            with contextlib.suppress(_NothingToSay):
+                await store.save(session, also=claim)
+        return outcome[-1] if outcome else None
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Fire jobs as they fall due until ``stopping`` is set."""

@@ -15,6 +15,7 @@ import pytest
 from bot import scheduling_tools
 from bot.config import Settings
 from bot.core.agent import Agent
+from bot.core.messages import Role
 from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
 from bot.core.scheduling import JobRoute, ScheduleRequest, apply_in
@@ -107,6 +108,28 @@ async def test_a_turn_schedules_into_its_own_chat_and_the_message_goes_out_once(
     assert await rig.gateway._dispatcher.drain(5)
     assert len(rig.adapter.sent) == 2
     assert b"chatflow_scheduled_fired_total 1.0" in rig.gateway.metrics.render()
+
+
+async def test_a_sent_reminder_joins_its_conversation_once_as_the_agents_message(
+    rig: Rig,
+) -> None:
+    """The model (and the console) must know what the bot said on its own: the text is
+    in the history, once, even when a second pass finds the job already fired."""
+    event = make_event("remind me in a minute", chat_id="chat-1", thread_id="7")
+    assert await rig.adapter.deliver(event)
+    await rig.adapter.wait_for_sent(1)
+    assert await rig.gateway._dispatcher.drain(5)
+    (job,) = await jobs(rig.store)
+    rig.clock.advance(seconds=61)
+    scheduler = rig.gateway.scheduler
+    assert await scheduler.fire_due() == 1
+    assert await scheduler._fire("any", T0 + 60) is None  # nothing to claim: no history
+    await rig.adapter.wait_for_sent(2)
+    session_ids = await rig.store.list_sessions()
+    (session,) = [await rig.store.get(sid) for sid in session_ids]
+    assert session is not None
+    said = [(m.role, m.content, m.agent) for m in session.history if m.content == job[3]]
+    assert said == [(Role.MODEL, job[3], "Helper")]
 
 
 async def test_a_rolled_back_turn_schedules_nothing(tmp_path: Path) -> None:
