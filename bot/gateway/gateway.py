@@ -186,6 +186,8 @@ class Gateway:
         await self.aliases.open()
         await self.access.open()
         await self.scheduler.open()
+        if self.windows.platforms:
+            await self.windows.open()
         self._accepting = True
         for adapter in self._adapters.values():
             if adapter.on_status_failed is None:

@@ -95,7 +95,8 @@ class Scheduler:
 
     async def open(self) -> None:
         """Create or migrate the jobs table (at start, before the bot is ready: nothing
-        is written to the database after readiness that a message did not cause)."""
+        is written to the database after readiness that a message did not cause, and
+        the loop's reads every few seconds need no schema check)."""
         await self._store.run(ensure_jobs_schema_in)
 
     def wake(self) -> None:
@@ -106,17 +107,15 @@ class Scheduler:
         """The earliest due time of a scheduled job, ``None`` with none."""
 
         async def body(tx: Transaction) -> tuple[Any, ...] | None:
-            await ensure_jobs_schema_in(tx)
             return await tx.fetchone(f"SELECT MIN(due_at) FROM {TABLE} WHERE state = 'scheduled'")
 
-        row = await self._store.run(body)
+        row = await self._store.run(body, write=False)
         return None if row is None or row[0] is None else float(row[0])
 
     async def fire_due(self) -> int:
         """Fire (or drop) every job due now; returns how many were sent."""
 
         async def due(tx: Transaction) -> list[tuple[Any, ...]]:
-            await ensure_jobs_schema_in(tx)
             return await tx.fetchall(
                 f"SELECT id, due_at FROM {TABLE} WHERE state = 'scheduled' AND due_at <= ? "
                 "ORDER BY due_at, id",
@@ -125,7 +124,7 @@ class Scheduler:
 
         fired: list[Obligation] = []
         turns: list[InboxEntry] = []
-        for job_id, due_at in await self._store.run(due):
+        for job_id, due_at in await self._store.run(due, write=False):
             outcome = await self._fire(str(job_id), float(due_at))
             if isinstance(outcome, Obligation):
                 fired.append(outcome)

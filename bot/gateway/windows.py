@@ -73,6 +73,11 @@ class ContactWindows:
         self._clock = clock or store.now
         self._opened = False
 
+    async def open(self) -> None:
+        """Create or migrate the table (at start): tx 1 then skips the schema check."""
+        await self._store.run(lambda tx: ensure_schema(tx, _COMPONENT, _MIGRATIONS))
+        self._opened = True
+
     def now(self) -> float:
         """The clock the windows are measured with (Unix seconds)."""
         return to_epoch(self._clock())
