@@ -5,6 +5,11 @@ Its tools are ``async`` and move file access to a thread themselves
 ``ToolContext`` and uses the inbound message id as an idempotency key: after a
 crash the gateway re-runs an unanswered message, and the refund must not be
 requested twice.
+
+``request_refund`` also waits for the customer's yes (``needs_approval=True``): the
+model's call ends the turn with "Billing wants to run request_refund with ..." and
+Approve / Deny buttons, and the request is recorded only once approved (in a new
+turn whose inbound id, ``approval:<id>``, is then the idempotency key).
 """
 
 from __future__ import annotations
@@ -189,7 +194,7 @@ async def get_invoice(invoice_id: str) -> Invoice | str:
 _refunds_lock = threading.Lock()
 
 
-@tool
+@tool(needs_approval=True)
 async def request_refund(ctx: ToolContext, invoice_id: str, reason: str) -> RefundRequest | str:
     """Open a refund request for a paid invoice. A billing specialist reviews it.
 
@@ -315,8 +320,9 @@ You handle billing questions: invoices, payments, charges and refunds.
   and call list_invoices. For one invoice, call get_invoice with its number
   (like INV-2001).
 - To request a refund you need the invoice number and the reason, in the
-  customer's words. Confirm both with the customer, then call request_refund
-  once. Tell them the request id and the next step from its result.
+  customer's words. Call request_refund once: the customer is then asked to
+  approve it with a button. Tell them the request id and the next step from its
+  result; if they declined or did not answer, say no refund was requested.
   Only paid invoices can be refunded; explain what the tool says otherwise.
 - Answer from tool results only; never promise an amount or a date the tools
   did not give you.

@@ -30,6 +30,7 @@ BENCHMARKS = (
     "streaming",
     "floor",
     "prompt_cost",
+    "compaction_cost",
     "realistic",
 )
 TIMEOUT_SECONDS = 240

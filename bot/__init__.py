@@ -5,7 +5,10 @@ imported on its own so that ``import bot`` stays light.
 """
 
 from bot.core.agent import Agent
+from bot.core.approvals import PendingApproval
 from bot.core.attachments import Attachment, ToolOutput
+from bot.core.buttons import Button
+from bot.core.compaction import Compaction
 from bot.core.human_handoff import transfer_to_human
 from bot.core.mcp.servers import MCPServer, MCPServerStdio, MCPServerStreamableHttp
 from bot.core.mcp.tools import ToolFilterStatic, create_static_tool_filter
@@ -35,8 +38,11 @@ from bot.core.stores.in_memory import SessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.streaming import ReplyStream
 from bot.core.tools import ToolContext, tool
+from bot.core.usage import CallUsage
+from bot.core.voice import Voice
 from bot.errors import (
     AgentNotFoundError,
+    ApprovalError,
     ChatflowError,
     ConfigurationError,
     EmptyAnswerError,
@@ -47,6 +53,7 @@ from bot.errors import (
     PlatformError,
     SchemaVersionError,
     StorageError,
+    TapRefusedError,
     TurnError,
 )
 
@@ -54,10 +61,14 @@ __all__ = [
     "DEFAULT_DEDUP_TTL_HOURS",
     "Agent",
     "AgentNotFoundError",
+    "ApprovalError",
     "Attachment",
     "AudioPart",
     "BaseSessionStore",
+    "Button",
+    "CallUsage",
     "ChatflowError",
+    "Compaction",
     "ConfigurationError",
     "ContactPart",
     "DocumentPart",
@@ -74,6 +85,7 @@ __all__ = [
     "MessagePart",
     "ModelError",
     "ModelSettings",
+    "PendingApproval",
     "PlatformError",
     "ReplyStream",
     "Role",
@@ -85,12 +97,14 @@ __all__ = [
     "SessionDeletedError",
     "SessionStore",
     "StorageError",
+    "TapRefusedError",
     "TextPart",
     "ToolCall",
     "ToolContext",
     "ToolFilterStatic",
     "ToolOutput",
     "TurnError",
+    "Voice",
     "cancel_scheduled_message",
     "create_static_tool_filter",
     "list_scheduled_messages",

@@ -113,6 +113,7 @@ def build_runner(settings: Settings, store: BaseSessionStore) -> Runner:
         store,
         model_settings=ModelSettings.from_settings(settings),
         stream_replies=settings.stream_replies,
+        compaction=settings.compaction,
     )
 
 
@@ -241,6 +242,7 @@ class Bot:
             await self._serve(gateway, adapters, secret, sock)
         finally:
             if runner is not None:  # after the gateway drained: no turn needs a tool now
+                await runner.compactor.aclose()  # before the store closes; one tx: no half-write
                 await runner.close_mcp_servers()
             if instances is not None:
                 await instances.stop()

@@ -1,4 +1,5 @@
-"""``python -m bot`` / ``chatflow``: run the bot, chat, sessions, ledger, pairing, schedule."""
+"""``python -m bot`` / ``chatflow``: run the bot, chat, sessions, ledger, pairing, schedule,
+approvals."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 from bot.agents_loader import load_agents
 from bot.app import Bot, instance_lock, load_starting_agent, open_store
 from bot.config import Settings, load_settings
+from bot.core.compaction import is_summary
 from bot.core.stores.base import TransactionalStore
 from bot.data_dir import ensure_data_dir
 from bot.errors import ChatflowError, ConfigurationError
@@ -106,15 +108,20 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"no session {args.session_id}", file=sys.stderr)
                 return 1
             print(f"session {session.session_id}  agent: {session.active_agent.name}")
-            for message in session.history:
+            await _print_session_usage(store, settings, session.session_id)
+            # The whole conversation: messages a compaction summarised are marked.
+            for message, compacted in await store.conversation(session.session_id) or []:
                 who = message.agent or message.role.value
+                if is_summary(message):
+                    who = "summary"
+                mark = "(compacted) " if compacted else ""
                 if message.tool_calls:
                     calls = ", ".join(
                         f"{c.name}({json.dumps(c.arguments)})" for c in message.tool_calls
                     )
-                    print(f"  [{message.role.value}:{who}] calls {calls}")
+                    print(f"  {mark}[{message.role.value}:{who}] calls {calls}")
                 if message.content:
-                    print(f"  [{message.role.value}:{who}] {message.content}")
+                    print(f"  {mark}[{message.role.value}:{who}] {message.content}")
             return 0
         session = await store.get(args.session_id)
         if session is None:
@@ -324,6 +331,81 @@ _LIST_TEXT = 60
 """``schedule list`` cuts a job's text to this many characters."""
 
 
+async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.core.approvals import short_arguments
+    from bot.gateway.approvals import approval_rows, operator_decide
+
+    store = open_store(settings)
+    try:
+        if args.action in ("approve", "deny"):
+            outcome = await operator_decide(store, args.approval_id, args.action)
+            if outcome in ("approved", "denied"):
+                print(f"{outcome} {args.approval_id}")
+                return 0
+            why = {
+                "unknown": "no such approval",
+                "expired": "it had expired",
+                "decided": "it was already decided",
+            }[outcome]
+            print(
+                f"chatflow: approvals: cannot {args.action} {args.approval_id}: {why}",
+                file=sys.stderr,
+            )
+            return 2
+        rows = await approval_rows(store)
+    finally:
+        await store.close()
+    if not rows:
+        print("No approvals waiting.")
+        return 0
+    for row in rows:
+        expires = row.expires_at.isoformat(timespec="seconds").replace("+00:00", "Z")
+        args_text = short_arguments(row.arguments)
+        print(
+            f"{row.approval_id}  expires {expires}  {row.platform:<9} {row.session_id}  "
+            f"{row.agent}: {row.tool_name}({args_text})"
+        )
+    return 0
+
+
+async def _print_session_usage(
+    store: TransactionalStore, settings: Settings, session_id: str
+) -> None:
+    from bot.usage_report import format_session_totals, read_prices, session_usage
+
+    try:
+        prices = await read_prices(settings.model_prices)
+    except ValueError as exc:
+        print(f"MODEL_PRICES: {exc}", file=sys.stderr)
+        prices = None
+    print(format_session_totals(await session_usage(store, session_id), prices))
+
+
+async def _usage(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.usage_report import NO_USAGE, format_usage_table, read_prices, since_day, usage_lines
+
+    try:
+        since = since_day(args.since, args.days)
+    except ValueError as exc:
+        print(f"chatflow: usage: {exc}", file=sys.stderr)
+        return 2
+    try:
+        prices = await read_prices(settings.model_prices)
+    except ValueError as exc:
+        print(f"chatflow: usage: MODEL_PRICES: {exc}", file=sys.stderr)
+        return 2
+    store = open_store(settings)
+    try:
+        lines = await usage_lines(store, since)
+    finally:
+        await store.close()
+    if not lines:
+        print(f"{NO_USAGE} since {since}." if since else f"{NO_USAGE}.")
+        return 0
+    print(format_usage_table(lines, prices))
+    return 0
+
+
 async def _doctor(settings: Settings, args: argparse.Namespace) -> int:
     from bot.doctor import run_checks
 
@@ -369,7 +451,8 @@ def _parser() -> argparse.ArgumentParser:
         "chat",
         help="talk to the agents in the terminal (same database, same agents)",
         description="Chat with your agents in the terminal. History is kept in the same "
-        "database as the bot; /reset starts over; Ctrl-D quits.",
+        "database as the bot; /reset starts over; /compact summarises a long conversation; "
+        "Ctrl-D quits.",
     )
     chat.set_defaults(handler=_chat)
 
@@ -460,12 +543,36 @@ def _parser() -> argparse.ArgumentParser:
     sc_cancel.add_argument("job_id", metavar="ID", help="a job id from `schedule list`")
     schedule.set_defaults(handler=_schedule)
 
+    approvals = sub.add_parser(
+        "approvals",
+        help="list, approve or deny tool calls waiting for approval",
+        description="Tool calls waiting for a person's yes (the same database as the bot, "
+        "running or not; a running bot goes on within seconds).",
+    )
+    ap_sub = approvals.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ap_sub.add_parser("list", help="waiting approvals, oldest first")
+    for action, text in (("approve", "run the tool call"), ("deny", "refuse the tool call")):
+        ap_action = ap_sub.add_parser(action, help=text)
+        ap_action.add_argument("approval_id", metavar="ID", help="an id from `approvals list`")
+    approvals.set_defaults(handler=_approvals)
+
     doctor = sub.add_parser(
         "doctor",
         help="check settings, data folder, database, port, agents, models and platforms",
         description="One line per check (ok, WARN or FAIL); exits non-zero if any check fails.",
     )
     doctor.set_defaults(handler=_doctor)
+
+    usage = sub.add_parser(
+        "usage",
+        help="tokens per agent and UTC day (and money, with MODEL_PRICES)",
+        description="Token usage the bot recorded, per agent and UTC day, from the same "
+        "database as the bot (running or not). With MODEL_PRICES, a cost column.",
+    )
+    period = usage.add_mutually_exclusive_group()
+    period.add_argument("--since", metavar="YYYY-MM-DD", help="from this UTC day on")
+    period.add_argument("--days", type=int, metavar="N", help="the last N UTC days, today included")
+    usage.set_defaults(handler=_usage)
     return parser
 
 

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bot.core.compaction import DEFAULT_KEEP_RECENT_TURNS, Compaction
+from bot.core.prices import load_prices
 from bot.core.session import default_prune_to
 from bot.core.sql import redact_dsn
 from bot.errors import ConfigurationError
@@ -85,6 +87,19 @@ class Settings(BaseSettings):
     attachments_dir: Path | None = None
     """The only folder a tool's ``Attachment(path=...)`` may read (symlinks resolved);
     unset: ``DATA_DIR/outbox``. Never ``DATA_DIR`` itself (the database, the secret)."""
+    voice_replies: Literal["off", "auto", "always"] = "off"
+    """Spoken replies: ``off``; ``auto`` answers a voice note with a voice note (text
+    otherwise); ``always`` also speaks every reply in a private chat. Speech comes from
+    ``/audio/speech`` at ``OPENAI_BASE_URL`` (billed by that provider); an agent's
+    ``voice=Voice(...)`` overrides it."""
+    tts_model: str = Field(default="gpt-4o-mini-tts", min_length=1)
+    """Text-to-speech model at ``OPENAI_BASE_URL`` for voice replies."""
+    tts_voice: str = Field(default="alloy", min_length=1)
+    """Voice of the spoken replies, as the provider names them (``alloy``, ``nova``)."""
+    voice_with_text: bool = True
+    """Send a voice reply's text too (as the voice note's caption on Telegram when it
+    fits, else as a message after it); ``false``: the voice note alone (the text is
+    still kept in the history)."""
 
     telegram_bot_token: SecretStr | None = None
     """Token from @BotFather; enables Telegram."""
@@ -157,6 +172,14 @@ class Settings(BaseSettings):
     """Messages one sender may send per window; more start no turn. Unset: no limit."""
     rate_limit_window_seconds: float = Field(default=60.0, gt=0)
     """Length of a sender's rate-limit window, from its first message."""
+    # -- token accounting and budgets (bot.core.usage, bot.gateway.accounting) --
+    max_tokens_per_sender_per_day: int | None = Field(default=None, gt=0)
+    """Prompt plus completion tokens one sender may cost per UTC day; past it the sender
+    is told once and no model is called for them until the day ends. Unset: no budget."""
+    model_prices: Path | None = None
+    """JSON (or ``.toml``) file of USD per million tokens per model, for the money column of
+    ``python -m bot usage`` and the console; unset: tokens only (prices are never guessed).
+    Shape: ``{"gpt-4o-mini": {"input": 0.15, "cached_input": 0.075, "output": 0.6}}``."""
 
     auto_continue_freshness_seconds: int = Field(default=3600, ge=0)
     """At start-up, re-run unanswered messages younger than this; expire older ones."""
@@ -166,6 +189,16 @@ class Settings(BaseSettings):
     """Past ``MAX_TURNS``, a conversation drops back to this many turns at once, so the
     model provider's prompt cache keeps matching in between. Unset: 30 with the default
     ``MAX_TURNS`` (3/4 of it); a ``MAX_TURNS`` set alone is kept exactly (one turn at a time)."""
+    # -- compaction (bot.core.compaction): the default of agents without compaction= --
+    compaction_trigger_tokens: int | None = Field(default=None, gt=0)
+    """Summarise a conversation's older turns once its request to the model is estimated
+    past this many tokens (kept: the summary and the recent turns). Unset: no automatic
+    compaction (pruning only; ``/compact`` still works)."""
+    compaction_keep_recent_turns: int = Field(default=DEFAULT_KEEP_RECENT_TURNS, gt=0)
+    """Turns kept whole after the summary; less than ``MAX_TURNS``."""
+    compaction_model: str | None = Field(default=None, min_length=1)
+    """Model that writes the summaries (a cheaper one, say), routed like ``DEFAULT_MODEL``;
+    unset: each agent's own model."""
     max_concurrent_turns: int = Field(default=256, gt=0)
     """Turns that may run at once across sessions (most of a turn waits on the model;
     sending the reply no longer counts)."""
@@ -180,6 +213,12 @@ class Settings(BaseSettings):
     """Messages an agent may have scheduled in one conversation at once (``schedule_message``)."""
     schedule_max_lateness_seconds: float = Field(default=86_400.0, gt=0)
     """A scheduled message found later than this (the bot was down) is dropped, not sent."""
+    button_ttl_seconds: float = Field(default=86_400.0, gt=0)
+    """A tap on a keyboard older than this gets "This choice has expired." and starts no
+    turn (buttons a tool returned with ``ToolOutput(buttons=...)``)."""
+    approval_ttl_seconds: float = Field(default=3600.0, gt=0)
+    """A tool call waiting for approval (``@tool(needs_approval=True)``) and not answered
+    within this many seconds expires: the model hears "no answer in time"."""
     stream_replies: bool = True
     """Show answers while they are written: drafts in Telegram private chats, tokens
     in the console (groups and WhatsApp show typing). The final reply is sent once,
@@ -204,6 +243,13 @@ class Settings(BaseSettings):
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return frozenset(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("model_prices")
+    @classmethod
+    def _check_model_prices(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            load_prices(value)  # a malformed file stops start-up here, in one line
         return value
 
     @field_validator("access_mode", mode="before")
@@ -302,6 +348,26 @@ class Settings(BaseSettings):
             if self.access_mode == "allowlist" and not listed:
                 raise ValueError("ACCESS_MODE=allowlist needs ALLOWED_USERS or ALLOWED_CHATS")
         return self
+
+    @model_validator(mode="after")
+    def _check_compaction(self) -> Settings:
+        chosen = "compaction_keep_recent_turns" in self.model_fields_set
+        if (chosen or self.compaction_trigger_tokens is not None) and (
+            self.compaction_keep_recent_turns >= self.max_turns
+        ):
+            raise ValueError("COMPACTION_KEEP_RECENT_TURNS must be less than MAX_TURNS")
+        return self
+
+    @property
+    def compaction(self) -> Compaction | None:
+        """The ``Compaction`` of agents that set none; ``None`` without a trigger."""
+        if self.compaction_trigger_tokens is None:
+            return None
+        return Compaction(
+            trigger_tokens=self.compaction_trigger_tokens,
+            keep_recent_turns=self.compaction_keep_recent_turns,
+            model=self.compaction_model,
+        )
 
     @model_validator(mode="after")
     def _check_prune_to_turns(self) -> Settings:

@@ -82,8 +82,11 @@ async def _check_models(
     agents = loaded.starting_agent.reachable_agents()
     results = [CheckResult("agents", True, f"{_plural(len(agents), 'agent')} from {loaded.source}")]
     try:
-        names = sorted({a.model or default_model_name(model_settings) for a in agents})
-        routes = [(name, route_model(name, model_settings)) for name in names]
+        names = {a.model or default_model_name(model_settings) for a in agents}
+        # The summary models (Compaction(model=...), COMPACTION_MODEL) are checked alike.
+        chosen = [a.compaction or settings.compaction for a in agents]
+        names |= {c.model for c in chosen if c is not None and isinstance(c.model, str)}
+        routes = [(name, route_model(name, model_settings)) for name in sorted(names)]
     except ChatflowError as exc:
         return [CheckResult("agents", False, str(exc))]
     for name, route in routes:
@@ -118,6 +121,22 @@ async def _check_mcp_server(server: MCPServer) -> CheckResult:
         await server.close()
     listed = ", ".join(tools) if tools else "none"
     return CheckResult(name, True, f"{server.describe()}: {len(tools)} tools: {listed}")
+
+
+def _check_approvals(loaded: LoadedAgents) -> CheckResult:
+    """``approvals: Billing: request_refund; Ops: wipe (sometimes)``: the tools whose
+    calls wait for a person's yes, per agent (MCP tools never do)."""
+    gated = []
+    for agent in loaded.starting_agent.reachable_agents():
+        names = [
+            t.name if t.needs_approval is True else f"{t.name} (when its check says so)"
+            for t in agent.function_tools
+            if t.gated
+        ]
+        if names:
+            gated.append(f"{agent.name}: {', '.join(names)}")
+    detail = "; ".join(gated) if gated else "no tool waits for approval"
+    return CheckResult("approvals", True, detail)
 
 
 async def _check_mcp(loaded: LoadedAgents) -> list[CheckResult]:
@@ -200,6 +219,8 @@ def _access(settings: Settings) -> CheckResult:
     detail += (
         "; no rate limit" if limit is None else f"; rate limit {limit} messages / {window:g} s"
     )
+    budget = settings.max_tokens_per_sender_per_day
+    detail += "" if budget is None else f"; token budget {budget} per sender per UTC day"
     return CheckResult("access", True, detail)
 
 
@@ -232,6 +253,7 @@ async def run_checks(settings: Settings) -> int:
     async with httpx.AsyncClient(timeout=TIMEOUT) as client:
         if loaded is not None:
             results.extend(await _check_models(settings, loaded, client))
+            results.append(_check_approvals(loaded))
             results.extend(await _check_mcp(loaded))
         if settings.telegram_enabled:
             results.append(await _guard("telegram", lambda: _check_telegram(settings, client)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentNotFoundError",
+    "ApprovalError",
     "ChatflowError",
     "ConfigurationError",
     "EmptyAnswerError",
@@ -20,6 +21,7 @@ __all__ = [
     "PlatformError",
     "SchemaVersionError",
     "StorageError",
+    "TapRefusedError",
     "TurnError",
 ]
 
@@ -146,3 +148,12 @@ class StorageError(ChatflowError):
 
 class SchemaVersionError(StorageError):
     """The database was written by a newer Chatflow schema than this code knows."""
+
+
+class TapRefusedError(ChatflowError):
+    """A button tap that must start no turn: unknown, forged, from another chat, expired
+    or already used. The message is the short notice the person is shown."""
+
+
+class ApprovalError(ChatflowError):
+    """An approval cannot be resumed: unknown, or in a state no decision leads to."""

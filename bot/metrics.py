@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from bot.core.models.base import Usage
 
 __all__ = ["Metrics"]
 
@@ -81,11 +85,34 @@ class Metrics:
             "Scheduled messages not sent: over SCHEDULE_MAX_LATENESS_SECONDS late",
             registry=r,
         )
+        self.approvals = Counter(
+            "chatflow_approvals",
+            "Tool calls that waited for approval, by event: requested, approved, denied, expired",
+            ["event"],
+            registry=r,
+        )
         self.turn_duration = Histogram(
             "chatflow_turn_seconds",
             "Time to play one turn (model and tools)",
             registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+        )
+        # One family for every token count: ``kind`` is which count (prompt, cached_prompt,
+        # completion, reasoning), ``call`` what the model call was for (chat,
+        # transcription, compaction). Cached and reasoning tokens are also inside
+        # prompt and completion, as providers count them: sum prompt + completion only.
+        self.tokens = Counter(
+            "chatflow_tokens",
+            "Tokens the model provider reported, by agent, kind of count and kind of call",
+            ["agent", "kind", "call"],
+            registry=r,
+        )
+        self.over_budget = Counter(
+            "chatflow_messages_over_budget",
+            "Inbound messages stored but not answered: their sender was over "
+            "MAX_TOKENS_PER_SENDER_PER_DAY",
+            ["platform"],
+            registry=r,
         )
         # Read at each scrape (the gateway sets the function), never a stale last value.
         self.queued = Gauge("chatflow_queued_messages", "Messages waiting for a worker", registry=r)
@@ -98,6 +125,17 @@ class Metrics:
         if child is None:
             child = self._in_by_platform[platform] = self.messages_in.labels(platform)
         child.inc()
+
+    def count_tokens(self, agent: str, call: str, usage: Usage) -> None:
+        """Add one model call's ``usage`` to ``chatflow_tokens_total`` (zeros are not added)."""
+        for kind, value in (
+            ("prompt", usage.input_tokens),
+            ("cached_prompt", usage.cached_input_tokens),
+            ("completion", usage.output_tokens),
+            ("reasoning", usage.reasoning_tokens),
+        ):
+            if value:
+                self.tokens.labels(agent, kind, call).inc(value)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -13,8 +13,9 @@ so an agent's tools, handoffs and rollback can be tested without a provider::
 waits for the replies, and ``fail_next`` makes sends fail. A photo or file:
 put its bytes in ``FakeAdapter.files`` under a file id and deliver
 ``make_event("caption", media=[MediaAttachment("image", file_id=...)])``. Files a
-tool sent with the reply (``ToolOutput``) land in ``FakeAdapter.sent_files``. Chatflow's
-own gateway tests use these same classes.
+tool sent with the reply (``ToolOutput``) land in ``FakeAdapter.sent_files``, spoken
+replies in ``FakeAdapter.voices``; ``SilentSpeech`` is a speech model without a
+service (a silent OGG/Opus note). Chatflow's own gateway tests use these same classes.
 
 This module is imported on its own (``import bot`` does not load it).
 """
@@ -37,8 +38,10 @@ from bot.core.models.scripted import (
     ScriptExhaustedError,
     Step,
 )
+from bot.core.models.speech import SilentSpeech
 from bot.errors import MediaError, PlatformError
 from bot.gateway.contract import (
+    VOICE_FORBIDDEN,
     ChatType,
     EventHandler,
     MediaAttachment,
@@ -57,6 +60,7 @@ __all__ = [
     "ScriptExhaustedError",
     "ScriptedModel",
     "Sent",
+    "SilentSpeech",
     "Step",
     "make_event",
     "transient",
@@ -113,6 +117,12 @@ class FakeAdapter(PlatformAdapter):
     """Errors the next ``send_draft`` calls raise, one each (e.g. a flood-control 429)."""
     draft_attempts: int = 0
     """How many times ``send_draft`` was called, failures included."""
+    voice_caption_limit: int = 1024
+    """Longest caption of a voice note (as Telegram); 0: the text goes as its own message."""
+    voices: list[tuple[Sent, OutgoingFile]] = field(default_factory=list)
+    """Every voice note sent (``send_voice``): its message (caption as text) and audio."""
+    refuse_voice: bool = False
+    """Refuse every voice note as a person whose privacy settings forbid them."""
     _on_event: EventHandler | None = None
     _connected: bool = False
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -173,6 +183,27 @@ class FakeAdapter(PlatformAdapter):
             self.sent_files.extend(files)
             self._changed.notify_all()
         return SendResult(message_ids=[f"out-{next(_ids)}" for _ in files])
+
+    async def send_voice(
+        self,
+        chat_id: str,
+        voice: OutgoingFile,
+        *,
+        caption: str | None = None,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """Record the voice note, or refuse it (``refuse_voice``, ``fail_next``)."""
+        if self.refuse_voice:
+            raise PlatformError("voice notes refused", platform=self.name, code=VOICE_FORBIDDEN)
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        message_id = f"out-{next(_ids)}"
+        async with self._changed:
+            self.voices.append((Sent(chat_id, caption or "", thread_id, reply_to), voice))
+            self.sent_ids.append(message_id)
+            self._changed.notify_all()
+        return SendResult(message_ids=[message_id])
 
     async def indicate_typing(self, event: MessageEvent) -> None:
         """Count the call."""

@@ -62,24 +62,36 @@ def _refunds(tmp_path: Path) -> list[dict[str, object]]:
 
 
 def test_the_readme_prompts_both_get_tool_answers_in_one_conversation(tmp_path: Path) -> None:
-    order, refund = _chat(tmp_path, ORDER, REFUND)
+    # Piped like a person typing: "1" answers the refund tool's approval question.
+    order, question, blank, approve, deny, approved, refund = _chat(tmp_path, ORDER, REFUND, "1")
 
     assert order.startswith("[Order Tracking] [offline demo] I checked check order status:")
     assert "status: shipped, carrier: DHL Express" in order
     # Order Tracking hands the refund back to Triage, which routes it on to Billing,
-    # whose refund tool (not only get_invoice) records the request.
+    # whose refund tool asks first, then records the request once approved.
+    assert question.startswith("[Billing] Billing wants to run request_refund with invoice_id=")
+    assert (blank, approve, deny, approved) == ("", "1. Approve", "2. Deny", "(Approved.)")
     assert refund.startswith("[Billing] [offline demo] I checked request refund:")
     assert "invoice_id: INV-2001" in refund and "state: received" in refund
     assert [r["invoice_id"] for r in _refunds(tmp_path)] == ["INV-2001"]
 
 
 def test_the_readme_prompts_also_work_the_other_way_round(tmp_path: Path) -> None:
-    refund, order = _chat(tmp_path, REFUND, ORDER)
+    lines = _chat(tmp_path, REFUND, "Approve", ORDER)
 
-    assert refund.startswith("[Billing] [offline demo] I checked request refund:")
+    assert lines[0].startswith("[Billing] Billing wants to run request_refund")
+    assert lines[5].startswith("[Billing] [offline demo] I checked request refund:")
     # "#1001" after "order" is no invoice number: Billing hands it back to Triage.
-    assert order.startswith("[Order Tracking] [offline demo] I checked check order status:")
-    assert "order_id: 1001" in order
+    assert lines[6].startswith("[Order Tracking] [offline demo] I checked check order status:")
+    assert "order_id: 1001" in lines[6]
+
+
+def test_a_denied_refund_records_nothing(tmp_path: Path) -> None:
+    lines = _chat(tmp_path, REFUND, "2")
+
+    assert lines[4] == "(Denied.)"
+    assert lines[5].startswith("[Billing] [offline demo]")
+    assert _refunds(tmp_path) == []
 
 
 def test_a_greeting_to_a_specialist_goes_back_to_the_front_desk(tmp_path: Path) -> None:

@@ -70,6 +70,18 @@ LIBRARY_NAMES = {
     "list_scheduled_messages",
     "cancel_scheduled_message",
     "scheduling_tools",
+    # Buttons: choices a tool offers under the reply (issue #29), and a refused tap.
+    "Button",
+    "TapRefusedError",
+    # Approvals: a gated tool call waits (RunResult.pending_approval, issue #29).
+    "PendingApproval",
+    "ApprovalError",
+    # Voice replies: how an agent's replies are spoken (issue #31).
+    "Voice",
+    # Compaction: when an agent's long conversations are summarised (issue #30).
+    "Compaction",
+    # Accounting: each model call's usage on RunResult.calls (issue #30).
+    "CallUsage",
 }
 
 

@@ -12,6 +12,7 @@ server-side), ``guard`` (the door of every route), ``queries`` (read-only SQL),
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 from starlette.routing import BaseRoute
@@ -28,6 +29,7 @@ from bot.gateway.contract import MessageEvent
 from bot.gateway.gateway import Gateway
 from bot.gateway.keys import session_id_for
 from bot.gateway.takeover import OperatorDesk
+from bot.usage_report import read_prices
 
 __all__ = ["CONSOLE_PREFIX", "ConsoleServices", "console_routes"]
 
@@ -68,6 +70,9 @@ async def console_routes(
         web=web if isinstance(web, WebChannel) else None,
         session_of=session_of,
         read_media=None if media is None else media.store.read,
+        prices=await read_prices(gateway.settings.model_prices),
+        compact=gateway.turns.runner.compact,
+        decide_approval=functools.partial(gateway.approvals.decide, by="operator"),
     )
     sessions = ConsoleSessions(gateway.store)
     await sessions.open()

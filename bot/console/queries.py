@@ -21,9 +21,12 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from bot.core.agent import HANDOFF_PREFIX
+from bot.core.compaction import is_summary
 from bot.core.messages import Message, MessagePart, Role
 from bot.core.sql import Transaction, ensure_schema
 from bot.core.stores.base import TransactionalStore
+from bot.gateway.ledger.keyboards import TABLE as BUTTONS_TABLE
+from bot.gateway.ledger.keyboards import KeyboardButton
 from bot.gateway.ledger.obligations import COLUMNS, TABLE, Obligation, decode_row
 from bot.gateway.takeover import AGENT_REASON_PREFIX, OPERATOR_NAME, TAKEOVER_TABLE
 from bot.metrics import Metrics
@@ -197,6 +200,17 @@ class TranscriptItem:
     """``(name, arguments as JSON)`` of the tools it called."""
     files: tuple[MessagePart, ...] = ()
     """Files the reply carried (from its ledger row), shown like the user's attachments."""
+    compacted: bool = False
+    """Summarised by a compaction: kept for the record, the model no longer sees it."""
+    buttons: tuple[KeyboardButton, ...] = ()
+    """The choices the reply carried (``ToolOutput(buttons=...)``), from its ledger row."""
+    tappable: bool = False
+    """Its keyboard is still open in a web test chat: the console shows it clickable."""
+
+    @property
+    def is_summary(self) -> bool:
+        """A compaction's summary (what the model sees instead of the compacted turns)."""
+        return is_summary(self.message)
 
     @property
     def kind(self) -> str:
@@ -510,7 +524,7 @@ async def transcript(
 
     async def body(tx: Transaction) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         messages = await tx.fetchall(
-            "SELECT seq, message_json FROM chatflow_messages WHERE session_id = ? "
+            "SELECT seq, message_json, compacted FROM chatflow_messages WHERE session_id = ? "
             "ORDER BY seq DESC LIMIT ?",
             (session_id, limit),
         )
@@ -518,14 +532,22 @@ async def transcript(
             f"SELECT {COLUMNS} FROM {TABLE} WHERE session_id = ? ORDER BY created_at",
             (session_id,),
         )
+        # Keyboards no tap used yet (their buttons are clickable in a web test chat).
+        open_rows = await tx.fetchall(
+            f"SELECT DISTINCT keyboard_id FROM {BUTTONS_TABLE} "
+            "WHERE session_id = ? AND used_at IS NULL",
+            (session_id,),
+        )
+        open_keyboards.update(str(r[0]) for r in open_rows)
         return messages, owed
 
+    open_keyboards: set[str] = set()
     rows, owed_rows = await store.run(body, write=False)
     owed = [decode_row(o).obligation for o in owed_rows]
     by_ref = {o.message_ref: o for o in owed}
     unused = list(owed)
     items: list[TranscriptItem] = []
-    for seq, message_json in reversed(rows):
+    for seq, message_json, compacted in reversed(rows):
         try:
             message = Message.model_validate_json(message_json)
         except ValueError:
@@ -552,7 +574,21 @@ async def transcript(
                 delivery = "resent with marker"
             error = match.last_error
             files = match.attachments
-        items.append(TranscriptItem(int(seq), message, delivery, error, calls, files))
+        buttons = match.buttons if match is not None else ()
+        tappable = bool(buttons) and session_id.startswith("web-")
+        items.append(
+            TranscriptItem(
+                int(seq),
+                message,
+                delivery,
+                error,
+                calls,
+                files,
+                bool(compacted),
+                buttons=buttons,
+                tappable=tappable and match is not None and match.obligation_id in open_keyboards,
+            )
+        )
     return items
 
 

@@ -52,6 +52,7 @@ _TEMPLATES: Final = (
     "live.html",
     "ledger.html",
     "scheduled.html",
+    "approvals.html",
     "web.html",
 )
 

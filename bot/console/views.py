@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -26,14 +26,18 @@ from bot.console.guard import Guard, client_of, read_form, secure
 from bot.console.sse import transcript_stream
 from bot.console.templating import STATIC_TYPES, ConsoleAssets
 from bot.console.webchat import WEB_PLATFORM, WebChannel
+from bot.core.approvals import short_arguments
 from bot.core.parts import describe_size
+from bot.core.prices import Prices
 from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError
+from bot.gateway.approvals import approval_rows
 from bot.gateway.contract import MessageEvent
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.scheduled_jobs import cancel_job, scheduled_jobs
 from bot.gateway.takeover import ConversationNotFoundError, OperatorDesk, Takeovers
 from bot.metrics import Metrics
+from bot.usage_report import format_session_totals, session_usage
 
 __all__ = ["MAX_REPLY_CHARS", "ConsoleServices", "ConsoleViews"]
 
@@ -45,6 +49,7 @@ _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 _OBLIGATION_ID_RE: Final = re.compile(r"[0-9a-f]{1,64}")
 _SHA256_RE: Final = re.compile(r"[0-9a-f]{64}")
 _JOB_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_APPROVAL_ID_RE: Final = re.compile(r"[0-9a-f]{12}")
 _INLINE_IMAGES: Final = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 """Shown in the page; any other file is only downloaded (an SVG could carry script)."""
 _ERRORS: Final = {
@@ -53,6 +58,10 @@ _ERRORS: Final = {
     "failed": "The reply could not be recorded; nothing was sent. Try again.",
     "ignored": "The bot ignored it: with an allow list, add console-operator to ALLOWED_USERS.",
     "noweb": "The web channel is not running.",
+    "expired": "That choice has expired or was already made.",
+    "compactfailed": "The summary failed; the conversation is unchanged. Try again later.",
+    "compactnothing": "Nothing to compact: the conversation is no longer than its recent turns.",
+    "nocompact": "Compaction is not available here.",
 }
 
 
@@ -80,6 +89,13 @@ class ConsoleServices:
     """The session id a message is routed to (``Gateway.session_key_for`` hashed)."""
     read_media: Callable[[str], Awaitable[bytes | None]] | None = None
     """The bytes of an attachment by SHA-256 (``MediaStore.read``); ``None``: not shown."""
+    prices: Prices | None = None
+    """``MODEL_PRICES``: a conversation's header shows its cost too (``None``: tokens only)."""
+    compact: Callable[[str], Awaitable[str]] | None = None
+    """Compacts a session now, returning the outcome (``Runner.compact``); ``None``: no button."""
+    decide_approval: Callable[[str, Literal["approve", "deny"]], Awaitable[str]] | None = None
+    """The operator's Approve / Deny of a gated tool call (``Approvals.decide``); ``None``:
+    the Approvals page only lists."""
 
 
 class ConsoleViews:
@@ -112,13 +128,17 @@ class ConsoleViews:
             Route(f"{p}/c/{{sid}}/events", wrap(self.events), methods=["GET"]),
             Route(f"{p}/c/{{sid}}/takeover", wrap(self.take_over), methods=["POST"]),
             Route(f"{p}/c/{{sid}}/handback", wrap(self.hand_back), methods=["POST"]),
+            Route(f"{p}/c/{{sid}}/compact", wrap(self.compact), methods=["POST"]),
             Route(f"{p}/c/{{sid}}/reply", wrap(self.reply), methods=["POST"]),
             Route(f"{p}/c/{{sid}}/send", wrap(self.send), methods=["POST"]),
             Route(f"{p}/scheduled", wrap(self.scheduled, page=True), methods=["GET"]),
             Route(f"{p}/scheduled/{{jid}}/cancel", wrap(self.cancel_job), methods=["POST"]),
+            Route(f"{p}/approvals", wrap(self.approvals, page=True), methods=["GET"]),
+            Route(f"{p}/approvals/{{aid}}/{{choice}}", wrap(self.decide), methods=["POST"]),
             Route(f"{p}/web", wrap(self.web_page, page=True), methods=["GET"]),
             Route(f"{p}/web", wrap(self.web_start), methods=["POST"]),
             Route(f"{p}/c/{{sid}}/say", wrap(self.web_say), methods=["POST"]),
+            Route(f"{p}/c/{{sid}}/tap", wrap(self.web_tap), methods=["POST"]),
         ]
 
     # -- helpers -------------------------------------------------------------
@@ -285,6 +305,7 @@ class ConsoleViews:
             "transcript.html",
             who,
             row=row,
+            usage=await self._usage(sid),
             sid=sid,
             web=self._is_web(sid),
             items=items,
@@ -324,7 +345,13 @@ class ConsoleViews:
         if sid is None or row is None:
             return PlainTextResponse("no such conversation", status_code=404)
         items = await queries.transcript(self.services.store, sid)
-        return self._html("live.html", who, row=row, items=items, sid=sid)
+        usage = await self._usage(sid)
+        return self._html("live.html", who, row=row, items=items, sid=sid, usage=usage)
+
+    async def _usage(self, sid: str) -> str:
+        """The conversation's token totals (and cost, with ``MODEL_PRICES``), one line."""
+        by_model = await session_usage(self.services.store, sid)
+        return format_session_totals(by_model, self.services.prices)
 
     async def media(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
         """An attachment of this conversation: an image shown inline, any other file
@@ -375,6 +402,17 @@ class ConsoleViews:
             return PlainTextResponse("no such conversation", status_code=404)
         await self.services.takeovers.hand_back(sid)
         return self._back(f"/c/{sid}")
+
+    async def compact(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """Summarise this conversation's older turns now (as ``/compact`` does)."""
+        sid = self._sid(request)
+        if sid is None or await queries.conversation(self.services.store, sid) is None:
+            return PlainTextResponse("no such conversation", status_code=404)
+        if self.services.compact is None:
+            return self._back(f"/c/{sid}", "nocompact")
+        outcome = await self.services.compact(sid)
+        error = {"compacted": None, "failed": "compactfailed"}.get(outcome, "compactnothing")
+        return self._back(f"/c/{sid}", error)
 
     async def reply(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
         """Send the operator's reply through the ledger, taking the conversation over."""
@@ -465,6 +503,35 @@ class ConsoleViews:
             await cancel_job(self.services.store, jid)
         return self._back("/scheduled")
 
+    # -- approvals ------------------------------------------------------------------
+
+    async def approvals(
+        self, request: Request, who: Principal, form: Mapping[str, str]
+    ) -> Response:
+        """Tool calls waiting for a person's yes, with Approve / Deny each."""
+        store = self.services.store
+        rows = await approval_rows(store)
+        chats = await queries.conversations_by_id(store, (r.session_id for r in rows))
+        return await self._page(
+            "approvals.html",
+            who,
+            rows=rows,
+            chats=chats,
+            short=short_arguments,
+            can_decide=self.services.decide_approval is not None,
+        )
+
+    async def decide(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """``approvals approve|deny``: decided once (a second click changes nothing)."""
+        aid, choice = str(request.path_params["aid"]), str(request.path_params["choice"])
+        decide = self.services.decide_approval
+        if decide is not None and _APPROVAL_ID_RE.fullmatch(aid):
+            if choice == "approve":
+                await decide(aid, "approve")
+            elif choice == "deny":
+                await decide(aid, "deny")
+        return self._back("/approvals")
+
     # -- the web channel -----------------------------------------------------------
 
     def _is_web(self, sid: str) -> bool:
@@ -494,6 +561,24 @@ class ConsoleViews:
         if route is None or route.platform != WEB_PLATFORM:
             return self._back(f"/c/{sid}", "noroute")
         return await self._say(route.chat_id, form, _nonce(form), f"/c/{sid}")
+
+    async def web_tap(self, request: Request, who: Principal, form: Mapping[str, str]) -> Response:
+        """Click a button a reply of a web conversation carries: a tap, as a user's."""
+        sid = self._sid(request)
+        if sid is None or not self._is_web(sid) or self.services.web is None:
+            return PlainTextResponse("not a web conversation", status_code=404)
+        route = await self.services.desk.route(sid)
+        token = form.get("token", "")
+        if route is None or route.platform != WEB_PLATFORM or not token:
+            return self._back(f"/c/{sid}", "noroute")
+        try:
+            accepted = await self.services.web.tap(
+                route.chat_id, token, message_id=uuid.uuid4().hex
+            )
+        except ChatflowError as exc:
+            logger.warning("web channel tap refused: %s", type(exc).__name__)
+            return self._back(f"/c/{sid}", "noweb")
+        return self._back(f"/c/{sid}", None if accepted else "expired")
 
     async def _say(self, chat_id: str, form: Mapping[str, str], nonce: str, back: str) -> Response:
         web, session_of = self.services.web, self.services.session_of

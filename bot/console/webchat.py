@@ -23,3 +23,7 @@ class WebChannel(Protocol):
     async def say(self, chat_id: str, text: str, *, message_id: str) -> tuple[MessageEvent, bool]:
         """Hand ``text`` to the gateway; the event, and whether the gateway accepted it."""
         ...
+
+    async def tap(self, chat_id: str, token: str, *, message_id: str) -> bool:
+        """Hand the tap of the button ``token`` to the gateway; whether a turn follows."""
+        ...

@@ -9,10 +9,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.core.compaction import Compaction
 from bot.core.mcp.servers import MCPServer
 from bot.core.mcp.tools import MCPTool
 from bot.core.models.base import ToolSpec
 from bot.core.tools import FunctionTool, ToolContext, tool
+from bot.core.voice import Voice
 from bot.errors import ConfigurationError
 
 __all__ = [
@@ -118,6 +120,12 @@ class Agent:
     """Whether this agent's answers are shown as they are written (``STREAM_REPLIES``);
     ``False`` waits for the whole answer (typing only), e.g. for a model that is
     billed differently when streaming or an answer that must not be seen half-done."""
+    voice: Voice | None = None
+    """How this agent's replies are spoken (``Voice(mode=..., voice=..., model=...)``);
+    ``None``, or a field left ``None``, takes ``VOICE_REPLIES``/``TTS_VOICE``/``TTS_MODEL``."""
+    compaction: Compaction | None = None
+    """When this agent's long conversations are summarised (``Compaction(trigger_tokens=...)``);
+    ``None`` takes ``COMPACTION_TRIGGER_TOKENS`` & co., and without those only pruning runs."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -152,6 +160,12 @@ class Agent:
                     f"Agent {self.name!r}: mcp_servers must be MCPServerStdio or "
                     f"MCPServerStreamableHttp objects, got {type(server).__name__}"
                 )
+        if self.voice is not None and not isinstance(self.voice, Voice):
+            raise TypeError(f"Agent {self.name!r}: voice must be a Voice, not {self.voice!r}")
+        if self.compaction is not None and not isinstance(self.compaction, Compaction):
+            raise TypeError(
+                f"Agent {self.name!r}: compaction must be a Compaction, not {self.compaction!r}"
+            )
         names: dict[str, str] = {}
         for item in self.function_tools:
             if item.name in names:
@@ -222,7 +236,9 @@ class Agent:
             ToolSpec(name=t.name, description=t.description, parameters=t.params_json_schema)
             for t in self.function_tools
         ]
-        specs.extend(t.spec() for t in self.mcp_tools)
+        # By name: a server may list its tools in another order after a reconnect, and
+        # the tool list is part of the prompt prefix the provider caches.
+        specs.extend(t.spec() for t in sorted(self.mcp_tools, key=lambda t: t.name))
         specs.extend(handoff.spec() for handoff in self.handoff_tools)
         return specs
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from bot.core.buttons import Button, normalise_buttons
 from bot.core.media_store import DEFAULT_MAX_MEDIA_BYTES, MediaStore
-from bot.core.messages import DocumentPart, ImagePart
+from bot.core.messages import AudioPart, DocumentPart, ImagePart
 from bot.core.mime import sniff_mime
 from bot.core.parts import describe_size
 from bot.errors import StorageError
@@ -44,8 +45,9 @@ logger = logging.getLogger(__name__)
 
 AttachmentKind = Literal["image", "document"]
 """``image`` goes as a photo (Telegram ``sendPhoto``, WhatsApp image); ``document`` as a file."""
-OutgoingPart = ImagePart | DocumentPart
-"""A stored attachment: what ``RunResult.attachments`` and the ledger hold."""
+OutgoingPart = ImagePart | DocumentPart | AudioPart
+"""A stored attachment: what ``RunResult.attachments`` and the ledger hold. An
+``AudioPart`` with ``voice=True`` is the reply spoken (``bot.gateway.voice_replies``)."""
 
 _PHOTO_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _DEFAULT_MEDIA_DIR = "data/media"
@@ -111,11 +113,15 @@ class ToolOutput:
     """The result the model reads."""
     attachments: Sequence[Attachment] = ()
     """Files sent to the user with the answer of this turn."""
+    buttons: Sequence[str | Button] = ()
+    """Choices shown under the turn's final reply (strings are labels); normalised to
+    ``tuple[Button, ...]``. More than ``MAX_BUTTONS`` is an error result for the tool."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
             raise TypeError("ToolOutput.text must be a str")
         object.__setattr__(self, "attachments", tuple(self.attachments))
+        object.__setattr__(self, "buttons", normalise_buttons(self.buttons))
 
 
 def attachment_note(part: OutgoingPart) -> str:

@@ -12,6 +12,8 @@ checkpoint: no user message, no handoff, no metadata change survives.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -20,7 +22,18 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Self
 
 from bot.core.agent import HANDOFF_PREFIX, Agent, HandoffTool, check_tool_names, servers_of
+from bot.core.approvals import (
+    ApprovalDecision,
+    PendingApproval,
+    approval_buttons,
+    approval_prompt,
+    decision_result,
+    hold_gated,
+)
 from bot.core.attachments import OutgoingPart, ToolFiles, ToolOutput
+from bot.core.buttons import Button, offer_buttons
+from bot.core.compaction import Compaction
+from bot.core.compactor import CompactionOutcome, CompactionPlans, Compactor
 from bot.core.ids import log_session_id
 from bot.core.mcp.lifecycle import close_servers, connect_servers
 from bot.core.mcp.servers import MCPServer
@@ -39,6 +52,7 @@ from bot.core.stores.base import BaseSessionStore, require_transactional
 from bot.core.stores.in_memory import SessionStore
 from bot.core.streaming import ReplyStream, ask_model
 from bot.core.tools import FunctionTool, ToolContext, error_result
+from bot.core.usage import CallUsage
 from bot.errors import ChatflowError, EmptyAnswerError, MaxToolRoundsError, TurnError
 
 __all__ = ["OnCommit", "RunResult", "Runner"]
@@ -46,6 +60,12 @@ __all__ = ["OnCommit", "RunResult", "Runner"]
 logger = logging.getLogger(__name__)
 
 _INBOUND_ID_KEY = "inbound_message_id"
+
+# Set by resume_async around run_async, so both kinds of turn share one implementation
+# of the lock, checkpoint, rollback and save (and run_async's signature stays the user's).
+_resuming: contextvars.ContextVar[tuple[PendingApproval, ApprovalDecision] | None] = (
+    contextvars.ContextVar("chatflow_resuming", default=None)
+)
 
 
 @dataclass(frozen=True)
@@ -62,10 +82,17 @@ class RunResult:
     """Messages this turn added: the user message, model answers, tool results."""
     usage: Usage = field(default_factory=Usage)
     """Tokens spent across every model call of the turn."""
+    calls: list[CallUsage] = field(default_factory=list)
+    """Each model call of the turn (agent, model, usage), in order: what the host records."""
     attachments: list[OutgoingPart] = field(default_factory=list)
     """Files the turn's tools returned (``ToolOutput``, bytes in the media store)."""
     effects: list[object] = field(default_factory=list)
     """Requests the turn's tools left for its commit (``ToolContext.effects``), in order."""
+    buttons: tuple[Button, ...] = ()
+    """Choices shown under the final reply: those of the turn's last tool output with any."""
+    pending_approval: PendingApproval | None = None
+    """Set when the turn ended on a tool call that waits for approval (``content`` asks
+    the person; ``buttons`` are Approve / Deny): decide with ``Runner.resume_async``."""
 
 
 OnCommit = Callable[[RunResult, Transaction], Awaitable[None]]
@@ -93,8 +120,12 @@ class Runner:
         max_tool_rounds: int = 10,
         model_settings: ModelSettings | ModelSettingsSource | None = None,
         stream_replies: bool = True,
+        compaction: Compaction | None = None,
     ) -> None:
         """Collect every agent reachable through handoffs and resolve their models.
+
+        ``compaction`` is the default of agents that set none (``COMPACTION_*``);
+        ``None``: only pruning, for them.
 
         ``model`` serves every agent (tests); without it each agent's ``model``
         name (or ``DEFAULT_MODEL``, or ``offline``) is routed. ``model_settings``
@@ -127,6 +158,9 @@ class Runner:
         """Host settings handed to tools as ``ToolContext.services`` (the gateway sets them)."""
         self._router = ModelRouter(self._settings)
         self._models: dict[str, tuple[ChatModel, str]] = {}
+        self._plans = CompactionPlans(compaction)
+        self.compactor = Compactor(self.store, self._plans)
+        """Compacts long sessions after their turns (``bot.core.compactor``)."""
         settings = self._settings
         self._tool_files = ToolFiles(
             settings.media_dir,
@@ -178,6 +212,17 @@ class Runner:
                 )
             models[agent.name] = self._router.resolve(name)
         self._models = models
+        # A wrong COMPACTION_MODEL fails here too, before any message.
+        self._plans.refresh(self._agents, models, self._model_override, self._router.resolve)
+
+    async def compact(self, session_id: str) -> CompactionOutcome:
+        """Compact ``session_id`` now (``/compact``, the console's button), due or not.
+
+        An agent without a ``Compaction`` (and no ``COMPACTION_*`` default) is compacted
+        with the defaults, by its own model. A failure leaves the session as it was
+        (``FAILED``); ``NOTHING`` when no turn is older than the recent ones kept.
+        """
+        return await self.compactor.compact(session_id, force=True)
 
     @property
     def mcp_servers(self) -> list[MCPServer]:
@@ -206,6 +251,7 @@ class Runner:
 
     async def aclose(self) -> None:
         """Close the MCP servers and the model clients this runner made (and its own store)."""
+        await self.compactor.aclose()
         await self.close_mcp_servers()
         await self._router.aclose()
         if self._owns_store:
@@ -235,10 +281,19 @@ class Runner:
         inbound_message_id: str | None = None,
         parts: Sequence[MessagePart] = (),
         stream: ReplyStream | None = None,
+        before_commit: Callable[[RunResult], Awaitable[RunResult]] | None = None,
+        calls: list[CallUsage] | None = None,
     ) -> RunResult:
         """Run one turn and commit it, or roll it back and raise a ``ChatflowError``.
 
+        ``before_commit(result)`` runs once the answer is final, before the save's
+        transaction opens (so it may await a service, e.g. speech), and returns the
+        result to commit; if it raises, the turn rolls back.
+
         ``stream`` is shown the answer as it is written (a preview, never a delivery).
+
+        ``calls`` (a list of the caller's) gets each model call's usage as it
+        returns, also when the turn then fails: the provider billed it anyway.
 
         ``parts`` (images, transcribed audio, documents...) join ``user_message``
         in the one USER message of the turn.
@@ -263,8 +318,10 @@ class Runner:
                     if metadata:
                         session.metadata.update(metadata)
                     result = await self._run_turn(
-                        session, user_message, inbound_message_id, parts, stream
+                        session, user_message, inbound_message_id, parts, stream, calls
                     )
+                    if before_commit is not None:
+                        result = await before_commit(result)
                     cancelled_after_commit = await self._save(session, result, on_commit)
                 except BaseException as exc:
                     session.rollback_to(checkpoint)
@@ -283,7 +340,32 @@ class Runner:
             raise TurnError(f"turn failed: {type(exc).__name__}: {exc}") from exc
         if cancelled_after_commit:
             raise asyncio.CancelledError
+        # After the commit (the gateway's reply is already owed), never before it.
+        self.compactor.schedule_if_planned(session.active_agent, session_id)
         return result
+
+    async def resume_async(
+        self,
+        session_id: str,
+        pending: PendingApproval,
+        decision: ApprovalDecision,
+        metadata: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> RunResult:
+        """Continue after a decision on ``pending``, as a turn of its own.
+
+        The turn adds the model's call of the tool and its result (the tool runs only
+        when ``decision`` is ``"approved"``; otherwise the model reads that the user
+        declined, that no answer came in time, or that the outcome is unknown), then
+        asks the model for its answer. ``options`` are ``run_async``'s (``on_commit``,
+        ``inbound_message_id``, ``stream``...); the commit and rollback are the same.
+        Whoever calls this makes sure a decision is resumed once.
+        """
+        token = _resuming.set((pending, decision))
+        try:
+            return await self.run_async(session_id, "", metadata, **options)
+        finally:
+            _resuming.reset(token)
 
     async def _load(self, session_id: str) -> SessionContext:
         session = await self.store.get_or_create(session_id, self.starting_agent)
@@ -343,29 +425,43 @@ class Runner:
         inbound_message_id: str | None,
         parts: Sequence[MessagePart] = (),
         stream: ReplyStream | None = None,
+        calls_out: list[CallUsage] | None = None,
     ) -> RunResult:
         new_messages: list[Message] = []
+        model_calls: list[CallUsage] = []
 
         def add(message: Message) -> None:
             session.add_message(message)
             new_messages.append(message)
 
-        add(
-            Message(
-                role=Role.USER,
-                content=(user_message or None) if parts else user_message,
-                parts=list(parts),
+        resume = _resuming.get()
+        _resuming.set(None)  # one turn only: a tool's own run_async starts a normal turn
+        if resume is None:
+            add(
+                Message(
+                    role=Role.USER,
+                    content=(user_message or None) if parts else user_message,
+                    parts=list(parts),
+                )
             )
-        )
         has_image = any(isinstance(part, ImagePart) for part in parts)
         attachments: list[OutgoingPart] = []
+        buttons: tuple[Button, ...] = ()
         effects: list[object] = []
+        if resume is not None:
+            buttons = await self._decided_call(
+                session, resume, inbound_message_id, add, attachments, effects
+            )
         usage = Usage()
         tool_rounds = 0
         while True:
             agent = session.active_agent
             response = await self._call_model(session, agent, stream)
             usage = usage + response.usage
+            call_usage = CallUsage("chat", self._models[agent.name][1], agent.name, response.usage)
+            model_calls.append(call_usage)
+            if calls_out is not None:
+                calls_out.append(call_usage)
             calls, invalid = _unique_ids(response.tool_calls, response.invalid_tool_calls)
             if not calls and not (response.content or "").strip():
                 # No adapter can send a blank reply: committing it would leave the
@@ -375,14 +471,25 @@ class Runner:
                 raise MaxToolRoundsError(
                     f"agent {agent.name!r} still calling tools after {self.max_tool_rounds} rounds"
                 )
-            add(
-                Message(
-                    role=Role.MODEL,
-                    content=response.content,
-                    tool_calls=calls,
-                    agent=agent.name,
-                )
+            calls, pending = await hold_gated(
+                agent,
+                calls,
+                invalid,
+                functools.partial(self._tool_context, session, agent, inbound_message_id, effects),
             )
+            if calls or pending is None:
+                add(
+                    Message(
+                        role=Role.MODEL,
+                        content=response.content,
+                        tool_calls=calls,
+                        agent=agent.name,
+                    )
+                )
+            if not calls and pending is not None:
+                return self._paused(
+                    session, agent, pending, new_messages, usage, model_calls, attachments, effects
+                )
             if not calls:
                 content = response.content or ""
                 if has_image and not agent.vision:
@@ -394,8 +501,10 @@ class Runner:
                     session_id=session.session_id,
                     new_messages=new_messages,
                     usage=usage,
+                    calls=model_calls,
                     attachments=attachments,
                     effects=effects,
+                    buttons=buttons,
                 )
             tool_rounds += 1
             handed_off = False
@@ -411,6 +520,7 @@ class Runner:
                 )
                 text, files = await self._tool_files.keep(output)  # bytes to the media store
                 attachments.extend(files)
+                text, buttons = offer_buttons(output, text, buttons)
                 if target is not None:
                     handed_off = True
                     logger.info(
@@ -430,24 +540,122 @@ class Runner:
                         parts=list(files),
                     )
                 )
+            if pending is not None:  # the other calls of that answer ran; now wait
+                return self._paused(
+                    session, agent, pending, new_messages, usage, model_calls, attachments, effects
+                )
+
+    def _tool_context(
+        self,
+        session: SessionContext,
+        agent: Agent,
+        inbound_message_id: str | None,
+        effects: list[object],
+    ) -> ToolContext:
+        return ToolContext(
+            session_id=session.session_id,
+            metadata=dict(session.metadata),
+            inbound_message_id=inbound_message_id,
+            agent_name=agent.name,
+            store=self.store,
+            effects=effects,
+            services=MappingProxyType(self.tool_services),
+        )
+
+    def _paused(
+        self,
+        session: SessionContext,
+        agent: Agent,
+        pending: PendingApproval,
+        new_messages: list[Message],
+        usage: Usage,
+        model_calls: list[CallUsage],
+        attachments: list[OutgoingPart],
+        effects: list[object],
+    ) -> RunResult:
+        """End the turn on ``pending``: the question joins the history as the agent's
+        message; the call itself is added with its result once decided."""
+        prompt = approval_prompt(pending)
+        message = Message(role=Role.MODEL, content=prompt, agent=agent.name)
+        session.add_message(message)
+        new_messages.append(message)
+        logger.info(
+            "Tool %s in session %s waits for approval %s",
+            pending.tool_name,
+            log_session_id(session.session_id),
+            pending.approval_id,
+        )
+        return RunResult(
+            content=prompt,
+            agent=agent.name,
+            session_id=session.session_id,
+            new_messages=new_messages,
+            usage=usage,
+            calls=model_calls,
+            attachments=attachments,
+            effects=effects,
+            buttons=approval_buttons(pending),
+            pending_approval=pending,
+        )
+
+    async def _decided_call(
+        self,
+        session: SessionContext,
+        resume: tuple[PendingApproval, ApprovalDecision],
+        inbound_message_id: str | None,
+        add: Callable[[Message], None],
+        attachments: list[OutgoingPart],
+        effects: list[object],
+    ) -> tuple[Button, ...]:
+        """Add the decided call and its result to the history; the buttons its output offers."""
+        pending, decision = resume
+        agent = self._agents.get(pending.agent) or session.active_agent
+        call = ToolCall(id=pending.call_id, name=pending.tool_name, arguments=pending.arguments)
+        add(Message(role=Role.MODEL, content=None, tool_calls=[call], agent=agent.name))
+        buttons: tuple[Button, ...] = ()
+        files: list[OutgoingPart] = []
+        if decision == "approved":
+            output, _ = await self._run_call(
+                session, agent, call, None, inbound_message_id, True, effects
+            )
+            text, files = await self._tool_files.keep(output)
+            attachments.extend(files)
+            text, buttons = offer_buttons(output, text, buttons)
+        else:
+            text = decision_result(decision)
+        add(
+            Message(
+                role=Role.TOOL,
+                content=text,
+                tool_call_id=call.id,
+                name=call.name,
+                agent=agent.name,
+                parts=list(files),
+            )
+        )
+        return buttons
 
     async def _call_model(
         self, session: SessionContext, agent: Agent, stream: ReplyStream | None
     ) -> ModelResponse:
         model, model_name = self._models[agent.name]
+        messages = session.history if agent.vision else without_images(session.history)
+        tools = agent.tool_specs()
         token = current_agent_name.set(agent.name)
         try:
-            return await ask_model(
+            response = await ask_model(
                 model,
                 stream if agent.stream and self.stream_replies else None,
                 agent.name,
                 model=model_name,
                 system=agent.instructions,
-                messages=session.history if agent.vision else without_images(session.history),
-                tools=agent.tool_specs(),
+                messages=messages,
+                tools=tools,
             )
         finally:
             current_agent_name.reset(token)
+        self.compactor.observe_call(session.session_id, agent, messages, tools, response.usage)
+        return response
 
     async def _run_call(
         self,
@@ -470,15 +678,7 @@ class Runner:
             if call.name.startswith(HANDOFF_PREFIX):
                 return error_result(f"no agent to transfer to for {call.name!r}"), None
             return error_result(f"unknown tool {call.name!r}"), None
-        context = ToolContext(
-            session_id=session.session_id,
-            metadata=dict(session.metadata),
-            inbound_message_id=inbound_message_id,
-            agent_name=agent.name,
-            store=self.store,
-            effects=effects,
-            services=MappingProxyType(self.tool_services),
-        )
+        context = self._tool_context(session, agent, inbound_message_id, effects)
         try:
             run = function_tool.run if isinstance(function_tool, FunctionTool) else None
             return await (run or function_tool.invoke)(context, call.arguments), None

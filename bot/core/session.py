@@ -125,6 +125,8 @@ class _Changes(NamedTuple):
     inserts: tuple[_Entry, ...]
     deletes: tuple[int, ...]
     replace: bool
+    compacts: tuple[int, ...] = ()
+    """Seqs to keep in the store marked compacted (out of the history, not deleted)."""
 
 
 class _State(NamedTuple):
@@ -226,6 +228,8 @@ class SessionContext:
         # The last changes computed and the edit mark then: if both still hold at
         # commit, the tracking restarts from empty, else from the full diff.
         self._computed: tuple[_Changes, tuple[int, int, int]] | None = None
+        # Seqs a compaction took out of the history: the store marks them, never deletes.
+        self._compacting: set[int] = set()
 
     # -- public state ---------------------------------------------------------------
 
@@ -431,6 +435,30 @@ class SessionContext:
         self._indexed = True
         self._untrack()  # a full pass may drop anything
 
+    def _compact(self, keep_from: int | None, replaced: Iterable[int], summary: Message) -> None:
+        """Replace the turns before seq ``keep_from`` and the SYSTEM entries ``replaced``
+        by ``summary`` (a SYSTEM message, appended after the other SYSTEM messages).
+
+        ``keep_from=None`` compacts every turn. The next save keeps the removed rows
+        in the store, marked compacted (``bot.core.compactor``).
+        """
+        gone = set(replaced)
+        kept: list[_Entry] = []
+        removed: list[int] = []
+        for entry in self._iter_entries():
+            if entry.message.role == _SYSTEM:
+                drop = entry.seq in gone
+            else:
+                drop = keep_from is None or entry.seq < keep_from
+            if drop:
+                removed.append(entry.seq)
+            else:
+                kept.append(entry)
+        kept.append(_Entry(self._next_seq, summary))
+        self._next_seq += 1
+        self._compacting.update(removed)
+        self._prune_entries(sorted(kept, key=_seq_of))
+
     # -- checkpoints ----------------------------------------------------------------
 
     def checkpoint(self) -> SessionCheckpoint:
@@ -581,15 +609,21 @@ class SessionContext:
         persisted = self._persisted_seqs
         current = {entry.seq for entry in entries}
         inserts = tuple(e for e in entries if e.seq not in persisted)
-        deletes = tuple(sorted(persisted - current))
-        return _Changes(inserts, deletes, False)
+        gone = persisted - current
+        compacting = self._compacting
+        if not compacting:
+            return _Changes(inserts, tuple(sorted(gone)), False)
+        compacts = tuple(sorted(gone & compacting))
+        return _Changes(inserts, tuple(sorted(gone - compacting)), False, compacts)
 
     def _mark_saved(self, changes: _Changes, incarnation: str) -> None:
         if changes.replace:
             self._persisted_seqs = {entry.seq for entry in changes.inserts}
         else:
             self._persisted_seqs.difference_update(changes.deletes)
+            self._persisted_seqs.difference_update(changes.compacts)
             self._persisted_seqs.update(entry.seq for entry in changes.inserts)
+        self._compacting.difference_update(changes.compacts)
         self._incarnation = incarnation
         computed, self._computed = self._computed, None
         if computed is not None and computed[0] is changes and computed[1] == self._edit_mark():

@@ -13,7 +13,7 @@ import inspect
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, get_type_hints, overload
@@ -27,6 +27,7 @@ from bot.core.attachments import ToolOutput
 
 __all__ = [
     "DEFAULT_TOOL_TIMEOUT",
+    "ApprovalPolicy",
     "FunctionTool",
     "ParsedDocstring",
     "ToolContext",
@@ -40,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TOOL_TIMEOUT = 30.0
 """Seconds a tool may run before it is cancelled and reported as timed out."""
+
+ApprovalPolicy = bool | Callable[["ToolContext", dict[str, Any]], bool | Awaitable[bool]]
+"""``needs_approval``: always (``True``), never (``False``), or ask a function of the call's
+context and arguments (sync or async) each time the model calls the tool."""
 
 _TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MAX_ERROR_TEXT = 500
@@ -150,6 +155,35 @@ class FunctionTool:
     """Whether the function's first parameter receives a ``ToolContext``."""
     timeout: float | None = DEFAULT_TOOL_TIMEOUT
     """Seconds before the call is cancelled and reported as timed out; ``None``: never."""
+    needs_approval: ApprovalPolicy = False
+    """Whether a call waits for a person's yes before it runs (``ApprovalPolicy``)."""
+
+    @property
+    def gated(self) -> bool:
+        """Whether any call of this tool may wait for approval (``needs_approval`` set)."""
+        return self.needs_approval is not False
+
+    async def requires_approval(self, ctx: ToolContext, arguments: Mapping[str, Any]) -> bool:
+        """Whether this call must wait for a person's yes.
+
+        A callable policy that raises counts as yes: a tool worth gating is not run
+        because its check failed.
+        """
+        policy = self.needs_approval
+        if isinstance(policy, bool):
+            return policy
+        try:
+            verdict = policy(ctx, dict(arguments))
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+        except Exception as exc:
+            logger.warning(
+                "needs_approval of tool %s raised %s; asking for approval",
+                self.name,
+                type(exc).__name__,
+            )
+            return True
+        return bool(verdict)
 
     async def invoke(self, ctx: ToolContext, arguments: Mapping[str, Any]) -> str:
         """Validate ``arguments``, run the function and return its result as text.
@@ -208,6 +242,7 @@ def _tool_from_function(
     name: str | None,
     description: str | None,
     timeout: float | None,
+    needs_approval: ApprovalPolicy = False,
 ) -> FunctionTool:
     if isinstance(fn, FunctionTool):
         raise TypeError(f"{fn.name!r} is already a tool")
@@ -218,6 +253,8 @@ def _tool_from_function(
         raise ValueError(f"tool name {tool_name!r} must match ^[A-Za-z0-9_-]{{1,64}}$")
     if timeout is not None and timeout <= 0:
         raise ValueError("tool timeout must be positive (or None for no limit)")
+    if not isinstance(needs_approval, bool) and not callable(needs_approval):
+        raise TypeError(f"tool {tool_name!r}: needs_approval must be a bool or a callable")
     signature = inspect.signature(fn)
     try:
         hints = get_type_hints(fn, include_extras=True)
@@ -264,6 +301,7 @@ def _tool_from_function(
         args_model=args_model,
         takes_context=takes_context,
         timeout=timeout,
+        needs_approval=needs_approval,
     )
 
 
@@ -277,6 +315,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+    needs_approval: ApprovalPolicy = False,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -287,6 +326,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+    needs_approval: ApprovalPolicy = False,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed function (sync or async) into a ``FunctionTool``.
 
@@ -294,11 +334,22 @@ def tool(
     timeout=...)``). The schema comes from the type hints, the description
     from the docstring's text and the parameter descriptions from its
     ``Args:`` section. A first parameter annotated ``ToolContext`` is injected.
+    ``needs_approval=True`` (or a function ``(ctx, arguments) -> bool``, sync or
+    async) makes a call wait for a person's yes: the Runner ends the turn with a
+    ``RunResult.pending_approval`` instead of running it.
     """
     if fn is not None:
-        return _tool_from_function(fn, name=name, description=description, timeout=timeout)
+        return _tool_from_function(
+            fn, name=name, description=description, timeout=timeout, needs_approval=needs_approval
+        )
 
     def decorate(func: Callable[..., Any]) -> FunctionTool:
-        return _tool_from_function(func, name=name, description=description, timeout=timeout)
+        return _tool_from_function(
+            func,
+            name=name,
+            description=description,
+            timeout=timeout,
+            needs_approval=needs_approval,
+        )
 
     return decorate

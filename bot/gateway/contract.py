@@ -16,13 +16,16 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from starlette.routing import BaseRoute
 
-from bot.errors import MediaError
+from bot.core.buttons import Button
+from bot.errors import MediaError, PlatformError
 
 __all__ = [
+    "VOICE_FORBIDDEN",
     "ChatType",
     "EventHandler",
     "MediaAttachment",
     "MessageEvent",
+    "OutgoingButton",
     "OutgoingFile",
     "PlatformAdapter",
     "SendLimits",
@@ -31,9 +34,14 @@ __all__ = [
     "ServiceWindows",
     "SessionSource",
     "StatusFailedHandler",
+    "numbered_choices",
 ]
 
 ChatType = Literal["dm", "group", "channel"]
+
+VOICE_FORBIDDEN = "voice_forbidden"
+"""``PlatformError.code`` of a voice note the chat does not accept (Telegram's
+``VOICE_MESSAGES_FORBIDDEN``): the reply goes as text, and the chat gets no more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +149,16 @@ class MessageEvent:
     scheduled: bool = False
     """Not from a person: a ``run_agent`` job the scheduler journaled at its due time
     (``text`` carries ``SCHEDULED_MARKER``); the gate and access control let it through."""
+    button: Button | None = None
+    """The button a tap chose (set by the gateway once the tap's token is resolved; the
+    ``text`` is then its label)."""
+    tap_token: str | None = None
+    """Set by an adapter on a button tap: the token the platform sent back
+    (``callback_data``, a reply id); the gateway resolves it to ``button``."""
+    callback_id: str | None = None
+    """The platform's id of the tap to answer (Telegram callback query id)."""
+    keyboard_message_id: str | None = None
+    """Platform id of the message that carried the tapped keyboard (to remove it)."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """The platform payload, kept for adapters; never logged."""
 
@@ -173,8 +191,9 @@ class OutgoingFile:
     """A file to send after a reply's text (a tool's ``Attachment``, read back from the media
     store). Its bytes and name are never logged."""
 
-    kind: Literal["image", "document"]
-    """``image``: a photo (Telegram ``sendPhoto``, WhatsApp image); ``document``: a file."""
+    kind: Literal["image", "document", "voice"]
+    """``image``: a photo (Telegram ``sendPhoto``, WhatsApp image); ``document``: a file;
+    ``voice``: an OGG/Opus voice note (``send_voice``)."""
     data: bytes = field(repr=False)
     """The bytes."""
     mime_type: str
@@ -186,7 +205,25 @@ class OutgoingFile:
 
     def describe(self) -> str:
         """``photo "chart.png"`` / ``file "report.pdf"``: how a text-only channel names it."""
-        return f'{"photo" if self.kind == "image" else "file"} "{self.file_name}"'
+        what = {"image": "photo", "voice": "voice note"}.get(self.kind, "file")
+        return f'{what} "{self.file_name}"'
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingButton:
+    """A button to show under a reply: the opaque token a tap sends back, and the label.
+    The tool's value never reaches the platform; labels are data, never markup."""
+
+    token: str
+    """Short random url-safe id (Telegram ``callback_data``, a WhatsApp reply id)."""
+    label: str
+    """What the person sees."""
+
+
+def numbered_choices(buttons: Sequence[OutgoingButton]) -> str:
+    """``1. Yes`` lines: how a channel without buttons shows them (and the person types
+    the number or the label)."""
+    return "\n".join(f"{n}. {b.label}" for n, b in enumerate(buttons, 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +340,27 @@ class PlatformAdapter(Protocol):
     windows: ServiceWindows | None = None
     """Set by the gateway before ``start`` when ``service_window_seconds`` is set."""
 
+    voice_caption_limit: int = 0
+    """Longest caption (UTF-16 units) a voice note carries (Telegram: 1,024); 0: none,
+    the text goes as its own message."""
+
+    async def send_voice(
+        self,
+        chat_id: str,
+        voice: OutgoingFile,
+        *,
+        caption: str | None = None,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """Send ``voice`` (OGG/Opus) as a voice note, ``caption`` under it, with ``send``'s
+        errors; ``code=VOICE_FORBIDDEN`` when the person does not accept voice notes.
+        This default, for channels that play none, raises it too: the text goes alone
+        (the gateway does not even synthesize speech for such a channel)."""
+        raise PlatformError(
+            "this channel sends no voice notes", platform=self.name, code=VOICE_FORBIDDEN
+        )
+
     async def indicate_typing(self, event: MessageEvent) -> None:
         """Show that the bot is working on ``event``; called every few seconds."""
         return None
@@ -340,6 +398,30 @@ class PlatformAdapter(Protocol):
         names = ", ".join(f.describe() for f in files)
         line = f"(Attached: {names}. This channel cannot show files.)"
         return await self.send(chat_id, line, thread_id=thread_id, reply_to=reply_to)
+
+    async def send_with_buttons(
+        self,
+        chat_id: str,
+        text: str,
+        buttons: Sequence[OutgoingButton],
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """``send``, with ``buttons`` under the last part of ``text``. This default, for
+        channels without buttons, appends them as numbered lines."""
+        listed = f"{text}\n\n{numbered_choices(buttons)}" if buttons else text
+        return await self.send(chat_id, listed, thread_id=thread_id, reply_to=reply_to)
+
+    async def answer_tap(self, event: MessageEvent, notice: str | None) -> None:
+        """Acknowledge the button tap ``event`` once (Telegram ``answerCallbackQuery``),
+        showing ``notice`` if given. Best effort: never raises. Default: nothing."""
+        return None
+
+    async def remove_keyboard(self, event: MessageEvent) -> None:
+        """Take the used keyboard off the message the tap ``event`` came from, where the
+        platform allows. Best effort: never raises. Default: nothing."""
+        return None
 
     async def fetch_media(self, media: MediaAttachment, *, max_bytes: int) -> bytes:
         """The bytes of ``media`` (at most ``max_bytes``, else ``MediaError``).

@@ -10,6 +10,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
+from bot.core.buttons import Button
 from bot.gateway.contract import ChatType, MediaAttachment, MessageEvent, SessionSource
 
 __all__ = [
@@ -48,6 +49,10 @@ def event_to_dict(event: MessageEvent) -> dict[str, Any]:
     source = event.source
     data["source"] = {name: getattr(source, name) for name in _SOURCE_FIELDS}
     data["timestamp"] = event.timestamp.isoformat()
+    if event.button is not None:
+        data["button"] = {"label": event.button.label, "value": event.button.value}
+    else:
+        del data["button"]  # rows of other messages stay as they were
     if event.media:
         data["media"] = [_media_to_dict(m) for m in event.media]
     else:
@@ -67,6 +72,8 @@ def event_from_dict(data: dict[str, Any]) -> MessageEvent:
     if isinstance(kwargs.get("timestamp"), str):
         kwargs["timestamp"] = datetime.fromisoformat(kwargs["timestamp"])
     kwargs["media"] = tuple(_media_from_dict(dict(m)) for m in data.get("media") or ())
+    button = data.get("button")
+    kwargs["button"] = None if not button else Button(button["label"], button.get("value"))
     return MessageEvent(**kwargs)
 
 
@@ -92,6 +99,9 @@ _EVENT_TEXTS = (
     "command",
     "media_kind",
     "migrate_from_chat_id",
+    "tap_token",
+    "callback_id",
+    "keyboard_message_id",
 )
 _SOURCE_TEXTS = ("chat_id", "sender_id", "thread_id", "chat_name", "sender_name")
 _MEDIA_TEXTS = ("file_id", "unique_id", "mime_type", "file_name", "title", "address")

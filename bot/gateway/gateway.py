@@ -23,14 +23,20 @@ import logging
 from collections.abc import Sequence
 
 from bot.config import Settings
+from bot.core.approvals import APPROVAL_BUTTON_PREFIX
+from bot.core.models.routing import ModelSettings
 from bot.core.runner import Runner
 from bot.core.scheduling import POLICY as SCHEDULING_POLICY
 from bot.core.scheduling import SchedulingPolicy
+from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
-from bot.errors import ChatflowError, PlatformError
+from bot.core.voice import Voice
+from bot.errors import ChatflowError, PlatformError, TapRefusedError
 from bot.gateway.access.control import AccessControl
 from bot.gateway.access.gate import Gate
+from bot.gateway.accounting import TokenAccounting
 from bot.gateway.aliases import ChatAliases
+from bot.gateway.approvals import APPROVAL_REF_PREFIX, Approvals
 from bot.gateway.contract import PlatformAdapter
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
 from bot.gateway.events import MessageEvent, encodable
@@ -43,7 +49,9 @@ from bot.gateway.media_fetch import build_media_fetcher
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.replies import Replies
 from bot.gateway.scheduler import Scheduler
+from bot.gateway.taps import Taps
 from bot.gateway.turns import Turns
+from bot.gateway.voice_replies import build_voice_replies
 from bot.gateway.windows import ContactWindows
 from bot.metrics import Metrics
 
@@ -89,11 +97,14 @@ class Gateway:
         self.windows = ContactWindows(store, secret, platforms=[a.name for a in windowed])
         for adapter in windowed:
             adapter.windows = self.windows
+        self._windowed = bool(windowed)
         self.inbox = Inbox(
             store,
             owner=None if owner is None else owner.instance_id,
-            on_accept_in=self.windows.record_in if windowed else None,
+            on_accept_in=self._on_accept_in,
         )
+        # Button taps: resolved before tx 1, their keyboard marked used in it.
+        self.taps = Taps(store, ttl_seconds=settings.button_ttl_seconds, inbox=self.inbox)
         self.ledger = DeliveryLedger(
             store,
             owner=owner,
@@ -103,7 +114,16 @@ class Gateway:
         self.aliases = ChatAliases(store)
         self._adapters = {a.name: a for a in adapters}
         media = build_media_fetcher(settings)
-        housekeeping = (self.inbox.prune, media.store.prune)
+        self.voice = build_voice_replies(
+            ModelSettings.from_settings(settings),
+            store,
+            media.store,
+            default=Voice(settings.voice_replies, settings.tts_voice, settings.tts_model),
+            with_text=settings.voice_with_text,
+            agents=runner.get_agent,
+            timeout=settings.model_timeout_seconds,
+        )
+        housekeeping = (self.inbox.prune, media.store.prune, self.taps.prune)
         self.outbox = Outbox(self.ledger, self._adapters, self.metrics, housekeeping=housekeeping)
         self.turns = Turns(
             runner,
@@ -115,6 +135,7 @@ class Gateway:
             self.replies,
             self.metrics,
             media=media,
+            voice=self.voice,
         )
         self.scheduler = Scheduler(
             store,
@@ -126,8 +147,28 @@ class Gateway:
             on_turns=self._queue_turns,
         )
         self.turns.on_scheduled = self.scheduler.wake
+        # Gated tool calls: recorded in tx 2, decided by a tap, the console or the CLI.
+        self.approvals = Approvals(
+            store,
+            self.inbox,
+            runner,
+            self.metrics,
+            secret=secret,
+            ttl_seconds=settings.approval_ttl_seconds,
+        )
+        self.approvals.on_turns = self._queue_turns
+        self.turns.approvals = self.approvals
+        self.taps.intercept(APPROVAL_BUTTON_PREFIX, self.approvals.on_tap)
         runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(settings.max_scheduled_per_chat)
         self.access = AccessControl(settings, self.turns, secret, self._queue_answers)
+        # Token usage recorded with each turn; the daily budget judged with the rate limits.
+        self.accounting = TokenAccounting(
+            store,
+            self.metrics,
+            secret=secret,
+            max_tokens_per_day=settings.max_tokens_per_sender_per_day,
+        )
+        self.turns.accounting = self.access.budget = self.accounting
         self.gate = Gate(settings, self.aliases, secret, pairing=self.access.pairing)
         # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
         # tx 1, since a message once accepted must be queued whatever happens.
@@ -155,6 +196,7 @@ class Gateway:
         self._recovery_task: asyncio.Task[None] | None = None
         self._takeover_task: asyncio.Task[None] | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
+        self._approvals_task: asyncio.Task[None] | None = None
 
     @property
     def adapters(self) -> dict[str, PlatformAdapter]:
@@ -184,8 +226,11 @@ class Gateway:
         await self.inbox.open()
         await self.ledger.open()
         await self.aliases.open()
+        await self.voice.open()
         await self.access.open()
+        await self.accounting.open()
         await self.scheduler.open()
+        await self.approvals.open()
         if self.windows.platforms:
             await self.windows.open()
         self._accepting = True
@@ -278,7 +323,9 @@ class Gateway:
             logger.info("resending %d replies owed from before the restart", len(owed))
         self._queue_sends(owed)
         left = await self.inbox.recover(
-            self.settings.auto_continue_freshness_seconds, live_owners=await self._live_owners()
+            self.settings.auto_continue_freshness_seconds,
+            live_owners=await self._live_owners(),
+            lasting=(APPROVAL_REF_PREFIX,),
         )
         # Read after recover() returns: a message accepted while it ran is in both lists,
         # and must run once, from _early.
@@ -325,6 +372,7 @@ class Gateway:
         self._dispatcher.resume()
         self._retry_task = asyncio.create_task(self.outbox.run(self._stopping))
         self._scheduler_task = asyncio.create_task(self.scheduler.run(self._stopping))
+        self._approvals_task = asyncio.create_task(self.approvals.run(self._stopping))
         if self.instances is not None:
             self._takeover_task = asyncio.create_task(self._takeover_loop())
 
@@ -361,7 +409,10 @@ class Gateway:
                 await adapter.stop()
             except Exception as exc:
                 logger.warning("%s adapter did not stop cleanly: %r", adapter.name, exc)
-        for loop_task in (self._retry_task, self._takeover_task, self._scheduler_task):
+        with contextlib.suppress(Exception):
+            await self.voice.aclose()
+        loops = (self._retry_task, self._takeover_task, self._scheduler_task, self._approvals_task)
+        for loop_task in loops:
             if loop_task is not None:
                 loop_task.cancel()
                 await asyncio.gather(loop_task, return_exceptions=True)
@@ -390,6 +441,9 @@ class Gateway:
         if event.migrate_from_chat_id is not None:
             await self.aliases.record(platform, event.source.chat_id, event.migrate_from_chat_id)
             return False
+        if event.tap_token is not None and event.button is None:
+            # A button tap: resolved (or refused) first, then on as the button's label.
+            return await self.taps.handle(event, self._adapters.get(platform), self._on_event)
         admission = await self.gate.admit(event) if self.gate.addressed(event) else "ignore"
         if admission == "ignore":
             self.metrics.ignored.labels(platform).inc()
@@ -401,7 +455,8 @@ class Gateway:
             # Refuse before accepting: the platform keeps the message and offers it again.
             self.metrics.busy.labels(platform).inc()
             raise DispatcherBusyError("too many messages waiting", retry_after=5.0)
-        session_key, session_id = self.gate.session_of(event)
+        # A tap goes to the conversation of the reply that carried its keyboard.
+        session_key, session_id = self.taps.route(event) or self.gate.session_of(event)
         # Hold a place in the queue from tx 1 until the entry is queued: other events
         # are admitted meanwhile, a message once accepted must never find the queue
         # full, and stop() waits for it.
@@ -436,6 +491,8 @@ class Gateway:
             accepted = await self.inbox.accept(
                 event, session_key=session_key, session_id=session_id
             )
+        except TapRefusedError:
+            raise  # another tap used the keyboard first: refused, not a failure
         except Exception as exc:
             if not await self._is_poison(event.message_id):
                 raise
@@ -456,6 +513,12 @@ class Gateway:
             return False
         self.metrics.count_in(platform)
         return True
+
+    async def _on_accept_in(self, tx: Transaction, event: MessageEvent) -> None:
+        """In tx 1 of every accepted message: the contact window, the tapped keyboard."""
+        if self._windowed:
+            await self.windows.record_in(tx, event)
+        await self.taps.accept_in(tx, event)
 
     async def _is_poison(self, message_id: str) -> bool:
         """Count a failed tx 1; True once it failed ``MAX_ACCEPT_FAILURES`` times and the
@@ -525,6 +588,7 @@ class Gateway:
         recovered = await self.inbox.recover(
             self.settings.auto_continue_freshness_seconds,
             live_owners=live if live is not None else {self.inbox.owner},
+            lasting=(APPROVAL_REF_PREFIX,),
         )
         recovered = await self.access.rescreen(recovered, self.gate.admit)
         for entry in recovered:

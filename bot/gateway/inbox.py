@@ -268,7 +268,11 @@ class Inbox:
             logger.warning("could not count a run of %s: %s", _ref(message_id), exc)
 
     async def recover(
-        self, freshness_seconds: float, *, live_owners: Collection[str] | None = None
+        self,
+        freshness_seconds: float,
+        *,
+        live_owners: Collection[str] | None = None,
+        lasting: tuple[str, ...] = (),
     ) -> list[InboxEntry]:
         """Hand back the messages whose turn never committed, oldest first.
 
@@ -279,7 +283,9 @@ class Inbox:
         included) only rows of other owners are taken, so it may run at any
         time, in any number of processes: each row goes to one of them (it
         becomes this inbox's row). Rows older than ``freshness_seconds`` become
-        ``expired`` (an answer hours late is worse than none). One that died
+        ``expired`` (an answer hours late is worse than none), except those whose id
+        starts with one of ``lasting``: a decision someone already made (an approval's
+        continuation) is carried out however late the bot comes back. One that died
         with the process ``MAX_RECOVERIES`` times while running alone comes back
         with ``gave_up`` set, to be closed with an apology (a message that
         crashes the process must not crash it forever, nor be dropped in silence).
@@ -307,7 +313,7 @@ class Inbox:
                 params,
             )
             for message_id, session_key, session_id, event_json, attempts, received_at in rows:
-                if float(received_at) < cutoff:
+                if float(received_at) < cutoff and not str(message_id).startswith(lasting):
                     await tx.execute(
                         f"UPDATE {_TABLE} SET state = 'expired', updated_at = ? "
                         "WHERE message_id = ?",
@@ -351,6 +357,47 @@ class Inbox:
         # No INFO line here: the caller knows which of these arrived while recovery
         # ran (not left by a crash) and logs the real count.
         logger.debug("%d message(s) whose turn never committed", len(entries))
+        return entries
+
+    async def adopt(self, from_owner: str, prefix: str) -> list[InboxEntry]:
+        """Take the ``received`` rows ``from_owner`` journaled (an operator command, which
+        runs no turn) whose id starts with ``prefix``: each becomes this inbox's row by a
+        guarded UPDATE, so of several processes one runs it. Returns them to be run."""
+        await self._ensure_open()
+
+        async def waiting(tx: Transaction) -> list[tuple[Any, ...]]:
+            return await tx.fetchall(
+                f"SELECT message_id, session_key, session_id, event_json, received_at "
+                f"FROM {_TABLE} WHERE state = 'received' AND owner_instance = ? "
+                "ORDER BY received_at, message_id",
+                (from_owner,),
+            )
+
+        entries: list[InboxEntry] = []
+        # Read first (read-only, every few seconds): a write only when there is work.
+        for message_id, key, session_id, event_json, received_at in await self._store.run(
+            waiting, write=False
+        ):
+            if not str(message_id).startswith(prefix):
+                continue
+            now = to_epoch(self._clock())
+            async with self._store.transaction() as tx:
+                changed = await tx.execute(
+                    f"UPDATE {_TABLE} SET owner_instance = ?, updated_at = ? "
+                    "WHERE message_id = ? AND state = 'received' AND owner_instance = ?",
+                    (self._owner, now, message_id, from_owner),
+                )
+            if changed != 1:
+                continue  # another process took it
+            entries.append(
+                InboxEntry(
+                    event=event_from_dict(json.loads(event_json)),
+                    session_key=str(key),
+                    session_id=str(session_id),
+                    received_at=from_epoch(received_at),
+                    attempts=0,
+                )
+            )
         return entries
 
     async def journaled_event(self, message_id: str) -> MessageEvent | None:

@@ -40,7 +40,8 @@ from bot.core.messages import (
     MessagePart,
 )
 from bot.core.mime import sniff_mime
-from bot.core.models.transcription import OpenAITranscriber, Transcriber
+from bot.core.models.base import Usage
+from bot.core.models.transcription import MeteredTranscriber, OpenAITranscriber, Transcriber
 from bot.errors import ChatflowError, MediaError, ModelError
 from bot.gateway.contract import MediaAttachment, MessageEvent, PlatformAdapter
 from bot.logs import log_ref
@@ -73,6 +74,8 @@ class PreparedMedia:
     """Parts for the turn's user message."""
     notices: tuple[str, ...] = field(default_factory=tuple)
     """One sentence per attachment that could not be used, said before the answer."""
+    transcriptions: tuple[Usage, ...] = ()
+    """Token usage of each transcription call that reported any (the turn records it)."""
 
 
 def _extension(mime: str) -> str:
@@ -120,10 +123,11 @@ class MediaFetcher:
         """
         parts: list[MessagePart] = []
         notices: list[str] = []
+        spent: list[Usage] = []
         for media in event.media:
             try:
                 async with asyncio.timeout(self.timeout):
-                    part = await self._prepare_one(event, media, adapter, notices)
+                    part = await self._prepare_one(event, media, adapter, notices, spent)
             except TimeoutError:
                 logger.warning(
                     "%s attachment of %s timed out", media.kind, log_ref(event.message_id)
@@ -159,7 +163,7 @@ class MediaFetcher:
                 continue
             if part is not None:
                 parts.append(part)
-        return PreparedMedia(tuple(parts), tuple(notices))
+        return PreparedMedia(tuple(parts), tuple(notices), tuple(spent))
 
     async def _prepare_one(
         self,
@@ -167,6 +171,7 @@ class MediaFetcher:
         media: MediaAttachment,
         adapter: PlatformAdapter | None,
         notices: list[str],
+        spent: list[Usage],
     ) -> MessagePart | None:
         if media.kind == "location" and media.latitude is not None and media.longitude is not None:
             return LocationPart(
@@ -197,7 +202,7 @@ class MediaFetcher:
         if kind in ("voice", "audio"):
             if sniffed is None or not sniffed.startswith("audio/"):
                 raise MediaError(f"That {noun} is not audio I can play, so I couldn't use it.")
-            transcript = await self._transcript(event, sha, data, sniffed, noun, notices)
+            transcript = await self._transcript(event, sha, data, sniffed, noun, notices, spent)
             return AudioPart(
                 sha256=sha,
                 mime_type=sniffed,
@@ -255,6 +260,7 @@ class MediaFetcher:
         mime: str,
         noun: str,
         notices: list[str],
+        spent: list[Usage],
     ) -> str | None:
         if self.transcriber is None:
             notices.append(f"I can't listen to your {noun}: no speech-to-text service is set up.")
@@ -263,10 +269,17 @@ class MediaFetcher:
         known = await self.store.recall(note)
         if known is not None:
             return known
+        file_name = f"{noun.replace(' ', '-')}.{_extension(mime)}"
         try:
-            text = await self.transcriber.transcribe(
-                data, file_name=f"{noun.replace(' ', '-')}.{_extension(mime)}", mime_type=mime
-            )
+            if isinstance(self.transcriber, MeteredTranscriber):
+                metered = await self.transcriber.transcribe_metered(
+                    data, file_name=file_name, mime_type=mime
+                )
+                text = metered.text
+                if metered.usage is not None:
+                    spent.append(metered.usage)  # billed, whatever the turn does next
+            else:
+                text = await self.transcriber.transcribe(data, file_name=file_name, mime_type=mime)
         except ModelError as exc:
             logger.warning(
                 "transcription for %s failed: %s", log_ref(event.message_id), type(exc).__name__

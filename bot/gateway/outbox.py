@@ -26,6 +26,7 @@ from bot.gateway.contract import PlatformAdapter, SendResult, StatusFailedHandle
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation
 from bot.gateway.pacing import AccountPacer
+from bot.gateway.voice_replies import VoiceReplies
 from bot.metrics import Metrics
 
 __all__ = [
@@ -72,6 +73,8 @@ class Outbox:
         self._housekeeping = tuple(housekeeping)
         self.media = media
         """The media store of reply attachments (``Turns`` sets the media step's)."""
+        self.voice: VoiceReplies | None = None
+        """Sends replies that carry voice notes (``Turns`` sets it); ``None``: text and files."""
         self.pacers: dict[str, AccountPacer] = {}
         """The outbound scheduler of each adapter that declared ``send_limits``."""
         for name, adapter in adapters.items():
@@ -150,6 +153,8 @@ class Outbox:
         """``send_reply``, resent in place after a flood refusal once the pause is over."""
         for resend in range(FLOOD_RESENDS + 1):
             try:
+                if self.voice is not None:
+                    return await self.voice.send(adapter, obligation, self.media)
                 return await send_reply(adapter, obligation, self.media)
             except PlatformError as exc:
                 # Nothing left (not ambiguous): the row is still ours and still owed.

@@ -24,7 +24,19 @@ class Replies:
     """Sent for a text over ``MAX_INBOUND_CHARS``."""
     reset: str = "Done: I have forgotten this conversation. What can I do for you?"
     """Answer to ``/reset``."""
-    help: str = "Just write to me. /reset starts our conversation over, /help shows this message."
+    compacted: str = "Done: I have summarised our conversation so far and will go on from there."
+    """Answer to ``/compact`` when the older messages were summarised."""
+    compact_nothing: str = "Our conversation is still short: there is nothing to summarise yet."
+    """Answer to ``/compact`` when there is nothing older than the recent turns."""
+    compact_failed: str = (
+        "Sorry, I could not summarise our conversation just now; it is unchanged. "
+        "Please try again later."
+    )
+    """Answer to ``/compact`` when the summary failed (the conversation is left as it was)."""
+    help: str = (
+        "Just write to me. /reset starts our conversation over, /compact summarises a long "
+        "conversation, /help shows this message."
+    )
     """Answer to ``/help``."""
     greeting: str = "Hello! I'm {agent}. How can I help?"
     """Answer to ``/start``; ``{agent}`` names the agent holding the conversation."""

@@ -44,6 +44,7 @@ from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.instances import from_epoch
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
+from bot.gateway.waiting import wait_any
 from bot.metrics import Metrics
 
 __all__ = ["POLL_SECONDS", "Scheduler"]
@@ -274,18 +275,7 @@ class Scheduler:
                     wait = min(wait, max(0.0, next_at - self.now()))
             except Exception:
                 logger.exception("firing scheduled messages failed; trying again later")
-            waiters = {
-                asyncio.ensure_future(stopping.wait()),
-                asyncio.ensure_future(self._wake.wait()),
-            }
-            try:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
-                await asyncio.gather(*waiters, return_exceptions=True)
+            await wait_any(wait, stopping, self._wake)
 
 
 def _chat_type(session_key: str) -> ChatType:

@@ -18,19 +18,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from bot.core.attachments import OutgoingPart
+from bot.core.buttons import Button
+from bot.core.compactor import CompactionOutcome
 from bot.core.human_handoff import requested_human
 from bot.core.runner import Runner, RunResult
 from bot.core.scheduling import JobRoute, apply_in
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
+from bot.core.usage import CallUsage
 from bot.errors import ChatflowError
+from bot.gateway.accounting import TokenAccounting
+from bot.gateway.approvals import Approvals
 from bot.gateway.contract import MessageEvent, PlatformAdapter
 from bot.gateway.dispatcher import release_slot
 from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
 from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.keyboards import new_keyboard
 from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.media_fetch import MediaFetcher, PreparedMedia
 from bot.gateway.outbox import Outbox
@@ -38,6 +44,8 @@ from bot.gateway.replies import Replies
 from bot.gateway.reply_context import reply_context, with_reply_context
 from bot.gateway.streaming import open_drafts, stop_drafts
 from bot.gateway.takeover import TakenOverError, Takeovers
+from bot.gateway.taps import tap_text
+from bot.gateway.voice_replies import VoiceReplies
 from bot.metrics import Metrics
 
 __all__ = ["MAX_INBOUND_CHARS", "TYPING_DELAY", "TYPING_INTERVAL", "Turns"]
@@ -68,9 +76,15 @@ class Turns:
         metrics: Metrics,
         media: MediaFetcher | None = None,
         takeovers: Takeovers | None = None,
+        voice: VoiceReplies | None = None,
     ) -> None:
         self.on_scheduled: Callable[[], None] | None = None
         """Called after a turn committed new scheduled jobs (the gateway wakes its scheduler)."""
+        self.accounting: TokenAccounting | None = None
+        """Records each turn's model calls (tx 2, or apart when the turn fails); the gateway
+        sets it."""
+        self.approvals: Approvals | None = None
+        """Records pending approvals in tx 2 and runs decided ones' turns; the gateway sets it."""
         self.runner = runner
         self.store = store
         self.inbox = inbox
@@ -82,6 +96,9 @@ class Turns:
         self.media = media
         if media is not None and outbox.media is None:
             outbox.media = media.store  # replies' files are read back from the same store
+        self.voice = voice
+        if voice is not None and outbox.voice is None:
+            outbox.voice = voice  # replies spoken here are sent there
         # Read by the operator console too (bot.console): one copy per process.
         self.takeovers = takeovers if takeovers is not None else Takeovers(store)
         # Turns that may still be stopped for a takeover: until their commit begins.
@@ -99,7 +116,9 @@ class Turns:
 
     async def process(self, entry: InboxEntry, *, alone: bool = False) -> None:
         event = entry.event
-        if await self.takeovers.is_taken_over(entry.session_id):
+        continues = self.approvals is not None and self.approvals.continues(entry)
+        if not continues and await self.takeovers.is_taken_over(entry.session_id):
+            # (A decided approval still runs: its person or operator already answered.)
             # A person answers here: journaled, kept in the history, no turn (also for
             # messages queued or recovered from before the takeover began).
             await self.takeovers.record_inbound(entry, self.inbox, self.runner.starting_agent)
@@ -112,6 +131,9 @@ class Turns:
         if alone:
             await self.inbox.mark_started_alone(event.message_id)
         command = event.command
+        if command == "compact":
+            await self._compact(entry)
+            return
         if command in ("start", "help", "reset"):
             agent = self.runner.starting_agent.name
             if command == "reset":
@@ -140,6 +162,10 @@ class Turns:
             if await self.takeovers.is_taken_over(entry.session_id):
                 # A person stepped in while the files were read (no turn ran yet).
                 await self.takeovers.record_inbound(entry, self.inbox, self.runner.starting_agent)
+                if self.accounting is not None:  # the transcriptions were billed all the same
+                    heard = self._heard(prepared, self.runner.starting_agent.name)
+                    self.accounting.count(heard)
+                    await self.accounting.record_lost(entry.session_id, event, heard)
                 return
             if not event.text.strip() and not prepared.parts:
                 notice = " ".join(prepared.notices) or self.replies.media_only
@@ -165,22 +191,35 @@ class Turns:
         handed: list[str] = []  # taken over in tx 2 (transfer_to_human)
         scheduled: list[int] = []
         task: asyncio.Task[object] | None = asyncio.current_task()
+        calls: list[CallUsage] = []  # the turn's model calls, as each returns
+        committed = False
+
+        def spent() -> list[CallUsage]:
+            """Every billed call of the turn: its transcriptions, then its model calls."""
+            agent = calls[0].agent if calls else self.runner.starting_agent.name
+            return self._heard(media, agent) + calls
 
         async def commit(result: RunResult, tx: Transaction) -> None:
             # From here a takeover no longer stops the turn: check_in decides, and a
             # cancellation now would leave the commit's outcome unknown.
             self._stoppable.pop(entry.session_id, None)
             await self.takeovers.check_in(tx, entry.session_id)
+            if self.accounting is not None:
+                await self.accounting.record_in(tx, entry.session_id, event, spent())
             content = result.content
             if media.notices:
                 # What could not be used is said first, in the same reply (one obligation).
                 content = "\n".join(media.notices) + "\n\n" + content
             if adapter is not None:
                 content = adapter.format_reply(content, result.agent)
-            recorded = await self._record(tx, entry, content, files=result.attachments)
+            recorded = await self._record(
+                tx, entry, content, files=result.attachments, buttons=result.buttons
+            )
             if recorded is not None:
                 obligation.append(recorded)
             await self.inbox.mark_done_in(tx, event.message_id)
+            if self.approvals is not None:  # the approval asked for, or the one continued
+                await self.approvals.record_in(tx, entry, result)
             # The route is the inbound message's, never the model's: a job goes back
             # to the chat (and topic) it was scheduled from.
             route = JobRoute(
@@ -213,6 +252,14 @@ class Turns:
                 if name
             },
         }
+        speak = None
+        if self.voice is not None:
+            voice = self.voice
+
+            async def speak(result: RunResult) -> RunResult:
+                # The answer is final and tx 2 not yet open: synthesis may take seconds.
+                return await voice.speak(event, media.parts, result, adapter)
+
         typing = _Typing(adapter, event)
         drafts = open_drafts(adapter, event, self.runner.stream_replies)  # previews only
         loop = asyncio.get_running_loop()
@@ -221,10 +268,21 @@ class Turns:
             self._stoppable[entry.session_id] = task
         try:
             context = await reply_context(event, self.ledger, self.inbox)
-            text = with_reply_context(event.text, context)
-            await self.runner.run_async(
-                entry.session_id, text, metadata, on_commit=commit, parts=media.parts, stream=drafts
+            text = with_reply_context(tap_text(event), context)
+            run: Callable[..., Awaitable[RunResult]] = self.runner.run_async
+            if self.approvals is not None and self.approvals.continues(entry):
+                run = self.approvals.continuation(entry)  # a decided approval's turn
+            await run(
+                entry.session_id,
+                text,
+                metadata,
+                on_commit=commit,
+                parts=media.parts,
+                stream=drafts,
+                before_commit=speak,
+                calls=calls,
             )
+            committed = True
         except asyncio.CancelledError:
             if task is None or task not in self._stopped or task.uncancel() > 0:
                 raise  # a stop of the gateway, not (only) a takeover
@@ -260,6 +318,11 @@ class Turns:
             typing.stop()
             stop_drafts(drafts)  # before the final is sent: a draft never races it
             self.metrics.turn_duration.observe(loop.time() - started)
+            if self.accounting is not None:
+                billed = spent()
+                self.accounting.count(billed)
+                if not committed:  # rolled back, but the provider billed the calls
+                    await self.accounting.record_lost(entry.session_id, event, billed)
         self.metrics.turns.labels("ok").inc()
         # Committed: the send waits on the platform's pace, not on a turn slot (the
         # lane keeps the conversation's order; the ledger row keeps the reply owed).
@@ -271,6 +334,22 @@ class Turns:
             self.on_scheduled()
         for item in obligation:
             await self.outbox.send(item)
+
+    async def _compact(self, entry: InboxEntry) -> None:
+        """``/compact``: summarise the conversation now, then say how it went (a fixed
+        answer through the ledger, like ``/reset``'s)."""
+        outcome = await self.runner.compact(entry.session_id)
+        text = {
+            CompactionOutcome.COMPACTED: self.replies.compacted,
+            CompactionOutcome.FAILED: self.replies.compact_failed,
+        }.get(outcome, self.replies.compact_nothing)
+        agent = await self._active_agent_name(entry.session_id)
+        await self._answer_without_turn(entry, text, agent=agent)
+
+    def _heard(self, media: PreparedMedia, agent: str) -> list[CallUsage]:
+        """The transcription calls of the media step that reported usage, as ``agent``'s."""
+        model = (self.media.transcription_model if self.media else "") or None
+        return [CallUsage("transcription", model, agent, usage) for usage in media.transcriptions]
 
     async def _active_agent_name(self, session_id: str) -> str:
         """The agent holding ``session_id``: the starting agent for a new conversation,
@@ -336,6 +415,7 @@ class Turns:
         *,
         claimed: bool = True,
         files: Sequence[OutgoingPart] = (),
+        buttons: Sequence[Button] = (),
     ) -> Obligation | None:
         """Record the reply owed, claimed by this process (sent right after the commit);
         with ``claimed=False`` it is recorded ``pending``, for a lane to claim.
@@ -344,9 +424,10 @@ class Turns:
         delivered or on its way, so it is not sent again from here.
         """
         event = entry.event
+        keyboard = new_keyboard(buttons)  # fresh tokens; kept only if the row is new
         obligation = Obligation.owed(
             obligation_id=compute_obligation_id(
-                entry.session_key, event.message_id, content, files
+                entry.session_key, event.message_id, content, files, keyboard
             ),
             session_key=entry.session_key,
             session_id=entry.session_id,
@@ -357,6 +438,7 @@ class Turns:
             content=content,
             message_ref=event.message_id,
             attachments=tuple(files),
+            buttons=keyboard,
         )
         if not await self.ledger.record_in(tx, obligation, claimed=claimed):
             return None

@@ -3,6 +3,8 @@
 Each non-empty input line becomes a ``MessageEvent`` from one fixed local user
 in one fixed DM chat; each reply is printed as ``[Agent] text`` so handoffs
 show. A line starting with ``/`` is a command (``/reset`` -> ``command="reset"``).
+A reply's buttons print as numbered lines; the next line that is one of those
+numbers, or exactly one of the labels, is a tap on that button.
 
 Input is read by a daemon thread, one line per request from the adapter's task:
 the standard input cannot be made non-blocking portably (on a terminal, making
@@ -41,11 +43,13 @@ from bot.errors import PlatformError
 from bot.gateway.contract import (
     EventHandler,
     MessageEvent,
+    OutgoingButton,
     OutgoingFile,
     PlatformAdapter,
     SendResult,
     SessionSource,
 )
+from bot.gateway.waiting import wait_any
 from bot.platforms.text import split_text
 
 __all__ = [
@@ -75,6 +79,9 @@ NOT_ADMITTED_NOTICE = (
 )
 """Written for a line the access settings ignore, in place of the reply it will not get."""
 
+PIPED_IDLE_SECONDS = 5.0
+"""Piped input: the next line is read once the last one is answered, or once its turn
+showed no sign of life (the gateway's typing, every 4 s, or a draft) for this long."""
 _COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@\S*)?(?:\s|$)")
 """A Telegram-style command word: ``/reset``, ``/start hello``; ``/usr/bin`` is text."""
 _CLEAR_LINE = "\r\x1b[K"
@@ -128,6 +135,7 @@ class ConsoleAdapter(PlatformAdapter):
         input_stream: LineInput | None = None,
         output_stream: TextOutput | None = None,
         user_name: str = "you",
+        piped_idle_seconds: float = PIPED_IDLE_SECONDS,
     ) -> None:
         self._input: LineInput = input_stream if input_stream is not None else sys.stdin
         self._output: TextOutput = output_stream if output_stream is not None else sys.stdout
@@ -149,7 +157,15 @@ class ConsoleAdapter(PlatformAdapter):
         self._prompt_pending = False
         self._sent = 0
         self._live = ""  # the draft printed so far on the current line
+        # The buttons of the last reply, printed numbered: typing a number or a label taps.
+        self._choices: list[OutgoingButton] = []
         self._epoch = 0  # bumped by each send: a draft write from before it is stale
+        # Piped input is read like a person reads: the next line once this one is
+        # answered, so a "1" after a question with choices chooses (it would otherwise
+        # be read, as text, before the choices were printed).
+        self._answered = asyncio.Event()
+        self._busy = asyncio.Event()  # the turn of the last line is alive (typing, drafts)
+        self._piped_idle_seconds = piped_idle_seconds
 
     @property
     def is_connected(self) -> bool:
@@ -211,6 +227,7 @@ class ConsoleAdapter(PlatformAdapter):
         parts = [text] if len(text) <= self.max_text_len else split_text(text, self.max_text_len)
         ids: list[str] = []
         self._epoch += 1
+        self._choices = []  # a newer message: the old choices are no longer on screen
         async with self._send_lock:
             for part in parts:
                 try:
@@ -222,7 +239,29 @@ class ConsoleAdapter(PlatformAdapter):
                     ) from exc
                 self._sent += 1
                 ids.append(str(self._sent))
+        self._answered.set()
         return SendResult(message_ids=ids)
+
+    async def send_with_buttons(
+        self,
+        chat_id: str,
+        text: str,
+        buttons: Sequence[OutgoingButton],
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        """Print the reply with its buttons numbered; typing a number or a label chooses."""
+        result = await super().send_with_buttons(
+            chat_id, text, buttons, thread_id=thread_id, reply_to=reply_to
+        )
+        self._choices = list(buttons)
+        return result
+
+    async def answer_tap(self, event: MessageEvent, notice: str | None) -> None:
+        """Print the notice of a refused choice."""
+        if notice:
+            await asyncio.to_thread(self._write, f"({notice})\n")
 
     async def send_attachments(
         self,
@@ -240,8 +279,8 @@ class ConsoleAdapter(PlatformAdapter):
         """Do nothing, on purpose: the user of a terminal sees the prompt come back
         only with the reply, and a printed "typing..." line would interleave with
         the conversation. It returns at once so the gateway's typing loop costs
-        nothing here."""
-        return None
+        nothing here (piped input learns from it that the turn is still running)."""
+        self._busy.set()
 
     def draft_interval(self, event: MessageEvent) -> float | None:
         """The console prints every answer as it is written."""
@@ -249,6 +288,7 @@ class ConsoleAdapter(PlatformAdapter):
 
     async def send_draft(self, event: MessageEvent, draft_id: int, text: str) -> None:
         """Print what ``text`` adds to the draft already printed (a void draft: a new line)."""
+        self._busy.set()
         try:
             await asyncio.to_thread(self._write_draft, text, self._epoch)
         except (OSError, ValueError) as exc:
@@ -287,6 +327,7 @@ class ConsoleAdapter(PlatformAdapter):
                 if not text.strip():
                     continue
                 event = self._make_event(text)
+                self._answered.clear()
                 try:
                     accepted = await on_event(event)
                 except Exception:
@@ -296,18 +337,33 @@ class ConsoleAdapter(PlatformAdapter):
                         self._write, "(that message could not be accepted; please retry)\n"
                     )
                     continue
-                if not accepted:
-                    # The gateway ignores a message only as a duplicate (never: each line
-                    # has a fresh id) or as one the access settings do not admit. Silence
+                if not accepted and event.tap_token is None:
+                    # (A refused choice was told by answer_tap.) The gateway ignores a
+                    # message only as a duplicate (never: each line has a fresh id) or
+                    # as one the access settings do not admit. Silence
                     # would look like a dead bot to the operator trying the allow list.
                     logger.debug("console message %s not admitted", event.message_id)
                     await asyncio.to_thread(self._write, NOT_ADMITTED_NOTICE + "\n")
+                elif accepted and not self._interactive:
+                    await self._await_answer()
         finally:
             self._finish()
 
+    async def _await_answer(self) -> None:
+        """Piped input: wait for the answer to the line just accepted while its turn
+        shows signs of life; a line that gets no answer (rate-limited, taken over)
+        holds the rest up for ``piped_idle_seconds`` only."""
+        while not self._answered.is_set():
+            self._busy.clear()
+            await wait_any(self._piped_idle_seconds, self._answered, self._busy)
+            if not self._busy.is_set():
+                return
+
     def _make_event(self, text: str) -> MessageEvent:
-        """Build the event for one input line."""
+        """Build the event for one input line (a tap when it names one of the choices
+        printed last: its number or its exact label)."""
         match = _COMMAND.match(text)
+        chosen = self._choice(text.strip())
         return MessageEvent(
             platform=self.name,
             message_id=f"console:{uuid4().hex}",
@@ -318,9 +374,23 @@ class ConsoleAdapter(PlatformAdapter):
                 sender_id=CONSOLE_SENDER_ID,
                 sender_name=self._user_name,
             ),
-            text=text,
-            command=match.group(1).lower() if match else None,
+            text="" if chosen else text,
+            command=match.group(1).lower() if match and not chosen else None,
+            tap_token=chosen,
         )
+
+    def _choice(self, typed: str) -> str | None:
+        """The token of the printed choice ``typed`` names (its number or label), if any."""
+        choices = self._choices
+        button: OutgoingButton | None
+        if typed.isdigit() and 1 <= int(typed) <= len(choices):
+            button = choices[int(typed) - 1]
+        else:
+            button = next((b for b in choices if b.label == typed), None)
+        if button is None:
+            return None
+        self._choices = []  # single use: the next line is text again
+        return button.token
 
     async def _read_line(self) -> _ReadResult:
         """Ask the reader thread for the next line ('' at EOF, or the error raised)."""

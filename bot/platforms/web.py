@@ -70,17 +70,25 @@ class WebAdapter(PlatformAdapter):
         event = MessageEvent(
             platform=PLATFORM,
             message_id=f"{PLATFORM}:{chat_id}:{message_id}",
-            source=SessionSource(
-                platform=PLATFORM,
-                chat_id=chat_id,
-                chat_type="dm",
-                sender_id=WEB_SENDER_ID,
-                sender_name="Operator (web)",
-            ),
+            source=_source(chat_id),
             text=text,
             platform_message_id=message_id,
         )
         return event, await self._on_event(event)
+
+    async def tap(self, chat_id: str, token: str, *, message_id: str) -> bool:
+        """Hand the click of the button ``token`` (shown by the console) to the gateway as a
+        tap: whether it was accepted (``False``: expired, used, or clicked twice)."""
+        if self._on_event is None or not self._connected:
+            raise PlatformError("the web channel is not running", platform=PLATFORM)
+        event = MessageEvent(
+            platform=PLATFORM,
+            message_id=f"{PLATFORM}:{chat_id}:tap:{message_id}",
+            source=_source(chat_id),
+            text="",
+            tap_token=token,
+        )
+        return await self._on_event(event)
 
     async def send(
         self,
@@ -94,3 +102,14 @@ class WebAdapter(PlatformAdapter):
         if not self._connected:
             raise PlatformError("the web channel is not running", platform=PLATFORM, retryable=True)
         return SendResult(message_ids=[f"web-out-{next(self._ids)}"])
+
+
+def _source(chat_id: str) -> SessionSource:
+    """Where everything typed or clicked in the web channel comes from: the operator."""
+    return SessionSource(
+        platform=PLATFORM,
+        chat_id=chat_id,
+        chat_type="dm",
+        sender_id=WEB_SENDER_ID,
+        sender_name="Operator (web)",
+    )

@@ -341,13 +341,25 @@ async def test_offline_order_question_ends_in_order_tracking() -> None:
 async def test_offline_refund_request_hands_off_to_billing(data_dir: Path) -> None:
     runner = Runner(agents.starting_agent, SessionStore(), model=OfflineModel())
 
-    result = await runner.run_async("console-demo-2", "I need a refund for invoice INV-2001")
+    asked = await runner.run_async("console-demo-2", "I need a refund for invoice INV-2001")
 
-    assert result.agent == "Billing"
+    # The refund waits for the customer's yes: nothing is recorded yet.
+    assert asked.agent == "Billing"
+    assert [c.name for m in asked.new_messages for c in m.tool_calls] == ["transfer_to_billing"]
+    pending = asked.pending_approval
+    assert pending is not None and pending.tool_name == "request_refund"
+    assert asked.content.startswith("Billing wants to run request_refund with invoice_id=INV-2001")
+    assert [b.label for b in asked.buttons] == ["Approve", "Deny"]
+    assert refund_lines(data_dir) == []
+    result = await runner.resume_async("console-demo-2", pending, "approved")
     calls = [c.name for m in result.new_messages for c in m.tool_calls]
-    assert calls == ["transfer_to_billing", "request_refund"]
+    assert calls == ["request_refund"]
     assert "INV-2001" in result.content
     assert [r["invoice_id"] for r in refund_lines(data_dir)] == ["INV-2001"]
+
+
+def test_the_refund_tool_asks_for_approval() -> None:
+    assert request_refund.needs_approval is True
 
 
 async def test_offline_specialists_hand_other_topics_back_through_triage(data_dir: Path) -> None:
@@ -360,8 +372,8 @@ async def test_offline_specialists_hand_other_topics_back_through_triage(data_di
     assert [c.name for m in refund.new_messages for c in m.tool_calls] == [
         "transfer_to_triage",
         "transfer_to_billing",
-        "request_refund",
     ]
+    assert refund.pending_approval is not None
     assert (hello.agent, [c.name for m in hello.new_messages for c in m.tool_calls]) == (
         "Triage",
         ["transfer_to_triage"],

@@ -106,15 +106,19 @@ def csrf_of(html: str) -> str:
 
 
 @contextmanager
-def running_console(tmp_path: Path, adapter: FakeAdapter | None = None) -> Iterator[ConsoleRig]:
-    """A console over a started gateway whose platform is ``adapter`` (a ``fake`` one)."""
+def running_console(
+    tmp_path: Path, adapter: FakeAdapter | None = None, agent: Agent | None = None
+) -> Iterator[ConsoleRig]:
+    """A console over a started gateway whose platform is ``adapter`` (a ``fake`` one),
+    running ``agent`` (a tool-less helper by default)."""
     parts: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = SQLiteSessionStore(str(tmp_path / "chatflow.db"))
         model = ScriptedModel()
-        runner = Runner(Agent(name="Helper", instructions="Be helpful."), store, model=model)
+        agent_ = agent or Agent(name="Helper", instructions="Be helpful.")
+        runner = Runner(agent_, store, model=model)
         platform = adapter or FakeAdapter()
         web = WebAdapter()
         settings = Settings(data_dir=tmp_path)

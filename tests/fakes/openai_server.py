@@ -20,6 +20,8 @@ each piece left.
 ``POST /v1/audio/transcriptions`` takes OpenAI's multipart form (``file`` and
 ``model`` fields, as the SDK sends them) and answers ``{"text": ...}`` from
 ``transcripts`` (the audio bytes' answers, in order) or ``transcript_for``.
+``POST /v1/audio/speech`` answers real OGG/Opus bytes (``speech``, in
+``tests.fakes.openai_speech``).
 
     async with FakeOpenAIServer() as server:
         server.add(server.reply("hello"))
@@ -48,6 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.fakes.openai_speech import SpeechEndpoint
 from tests.fakes.serving import LocalServer
 
 __all__ = [
@@ -303,6 +306,12 @@ class FakeOpenAIServer:
         """Answers served before any transcript (e.g. a 500), in order."""
         self.transcription_hook: Callable[[RecordedRequest], None] | None = None
         """Called with each transcription request as it arrives (e.g. to kill a client)."""
+        self.transcription_usage: dict[str, Any] | None = None
+        """The ``usage`` of every transcription answer (``gpt-4o-transcribe`` reports
+        ``{"type": "tokens", ...}``, ``whisper-1`` ``{"type": "duration", ...}``); ``None``:
+        no usage at all."""
+        self.speech = SpeechEndpoint(api_key)
+        """``/v1/audio/speech`` (``tests.fakes.openai_speech``): its calls and switches."""
         self.stream_delay = 0.0
         """Seconds between streamed chunks when the answer does not say."""
         self.slow: tuple[float, float] | None = None
@@ -336,8 +345,25 @@ class FakeOpenAIServer:
         prompt_tokens: int = 10,
         completion_tokens: int = 5,
         model: str = "gpt-test",
+        cached_tokens: int | None = None,
+        reasoning_tokens: int | None = None,
     ) -> dict[str, Any]:
-        """A ``chat.completion`` body."""
+        """A ``chat.completion`` body (with OpenAI's ``prompt_tokens_details`` and
+        ``completion_tokens_details`` when ``cached_tokens``/``reasoning_tokens`` are given)."""
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        if cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens, "audio_tokens": 0}
+        if reasoning_tokens is not None:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": reasoning_tokens,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            }
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = list(tool_calls)
@@ -354,21 +380,27 @@ class FakeOpenAIServer:
                     "logprobs": None,
                 }
             ],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
+            "usage": usage,
         }
 
     @classmethod
     def reply(
-        cls, text: str, *, prompt_tokens: int = 10, completion_tokens: int = 5
+        cls,
+        text: str,
+        *,
+        prompt_tokens: int = 10,
+        completion_tokens: int = 5,
+        cached_tokens: int | None = None,
+        reasoning_tokens: int | None = None,
     ) -> FakeResponse:
         """A plain text answer."""
         return FakeResponse(
             body=cls.completion(
-                text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+                text,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                cached_tokens=cached_tokens,
+                reasoning_tokens=reasoning_tokens,
             )
         )
 
@@ -560,7 +592,8 @@ class FakeOpenAIServer:
         else:
             text = ""
         record.status = 200
-        return JSONResponse({"text": text})
+        usage = {} if self.transcription_usage is None else {"usage": self.transcription_usage}
+        return JSONResponse({"text": text, **usage})
 
     @property
     def transcription_requests(self) -> list[RecordedRequest]:
@@ -609,6 +642,7 @@ class FakeOpenAIServer:
             routes=[
                 Route("/v1/chat/completions", self._handle, methods=["POST"]),
                 Route("/v1/audio/transcriptions", self._transcribe, methods=["POST"]),
+                Route("/v1/audio/speech", self.speech.handle, methods=["POST"]),
             ]
         )
         self._local = LocalServer(app)

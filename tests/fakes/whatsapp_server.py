@@ -21,7 +21,8 @@ Media out: ``POST /v<version>/<phone_id>/media`` (multipart, as pywa's
 ``upload_media`` sends it) stores the file and answers ``{"id": ...}``; each
 upload is recorded in ``uploads`` with the bytes received. An ``image`` or
 ``document`` message must name an uploaded id (else Meta's 400, code 100);
-``media_sent`` pairs each accepted media message with its upload.
+``media_sent`` pairs each accepted media message with its upload; an ``audio``
+message (a voice note: ``"voice": true``) is checked by ``tests.fakes.whatsapp_voice``.
 
 The 24-hour window: ``close_window(recipient)`` makes free-form messages to that
 recipient get Meta's 400 with code 131047, as Meta does once the person has been
@@ -46,7 +47,7 @@ import re
 import secrets
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
@@ -57,6 +58,8 @@ from starlette.routing import Route
 
 from tests.fakes.send_limits import SendWindows, Window
 from tests.fakes.serving import LocalServer
+from tests.fakes.whatsapp_interactive import interactive_problem
+from tests.fakes.whatsapp_voice import audio_problem
 from tests.fakes.whatsapp_webhook import real_wamid
 
 __all__ = [
@@ -96,6 +99,8 @@ class RecordedRequest:
     """The ``Authorization`` header as sent."""
     headers: dict[str, str] = field(default_factory=dict)
     """All request headers (lower-case names)."""
+    message_id: str | None = None
+    """The wamid the server answered an accepted message with (``sent``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,7 +386,7 @@ class FakeWhatsAppServer:
 
     def _uploaded(self, body: dict[str, Any]) -> Upload | None:
         kind = body.get("type")
-        media = body.get(kind) if kind in ("image", "document") else None
+        media = body.get(kind) if kind in ("image", "document", "audio") else None
         media_id = media.get("id") if isinstance(media, dict) else None
         return next((u for u in self.uploads if u.media_id == media_id), None)
 
@@ -435,6 +440,10 @@ class FakeWhatsAppServer:
         upload = self._uploaded(body)
         if body.get("type") in ("image", "document") and upload is None:
             invalid = "(#100) Invalid parameter: the media id is not an uploaded media"
+        if body.get("type") == "audio":
+            invalid = invalid or audio_problem(body, upload)  # tests.fakes.whatsapp_voice
+        if body.get("type") == "interactive":
+            invalid = invalid or interactive_problem(body)  # tests.fakes.whatsapp_interactive
         if invalid is not None:
             await self._record(self.rejected, record)
             return _error(400, 100, invalid, subcode=2494010)
@@ -460,7 +469,9 @@ class FakeWhatsAppServer:
             await self._release.wait()
             return _sent_response(body)
         response = _sent_response(body)
-        self.sent_wamids.append(json.loads(bytes(response.body))["messages"][0]["id"])
+        wamid = json.loads(bytes(response.body))["messages"][0]["id"]
+        self.sent_wamids.append(wamid)
+        record = replace(record, message_id=wamid)
         if upload is not None:
             self.media_sent.append((record, upload))
         if body.get("type") == "template":

@@ -282,6 +282,19 @@ class WebhookSender:
         """A deletion ("delete for everyone") of an earlier user message."""
         return self.single(self.message("revoke", {"original_message_id": original_wamid}))
 
+    def button_reply(self, reply_id: str, title: str, *, context_id: str | None) -> dict[str, Any]:
+        """A tap on reply button ``reply_id`` of our message ``context_id`` (the recorded
+        pywa payload, ``tests.fakes.whatsapp_interactive.tap_webhook``)."""
+        from tests.fakes.whatsapp_interactive import tap_webhook  # it imports this module
+
+        return tap_webhook(self, "button_reply", reply_id, title, context_id=context_id)
+
+    def list_reply(self, reply_id: str, title: str, *, context_id: str | None) -> dict[str, Any]:
+        """A tap on list row ``reply_id`` of our message ``context_id``."""
+        from tests.fakes.whatsapp_interactive import tap_webhook
+
+        return tap_webhook(self, "list_reply", reply_id, title, context_id=context_id)
+
     def unsupported(self) -> dict[str, Any]:
         """A message type the Cloud API cannot deliver to businesses."""
         message = self.message("unsupported")

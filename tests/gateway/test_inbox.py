@@ -275,6 +275,24 @@ async def test_recover_returns_fresh_rows_oldest_first_and_expires_old_ones(
     assert "private" not in caplog.text and "telegram:42:1" not in caplog.text
 
 
+async def test_recover_never_expires_a_lasting_row_however_old(
+    inbox: Inbox, store: SQLiteSessionStore, clock: FakeClock, make_event: EventFactory
+) -> None:
+    # An approval decided while no bot ran (``python -m bot approvals approve``): the
+    # person's yes is carried out when the bot comes back, even hours later.
+    decided = make_event("approval:0a1b2c3d4e5f", text="")
+    message = make_event("telegram:42:1", text="hello")
+    for event in (decided, message):
+        await inbox.accept(event, **_route(event))
+    clock.advance(hours=5)
+
+    entries = await inbox.recover(freshness_seconds=3600, lasting=("approval:",))
+
+    assert [e.event for e in entries] == [decided]
+    rows = await _rows(store)
+    assert rows[message.message_id][0] == "expired"
+
+
 async def test_a_message_that_keeps_crashing_while_alone_is_given_up(
     inbox: Inbox,
     store: SQLiteSessionStore,

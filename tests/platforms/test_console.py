@@ -61,7 +61,9 @@ def test_satisfies_the_platform_protocol() -> None:
 
 async def test_lines_become_events_in_order_and_eof_closes() -> None:
     source = io.StringIO("hello\n\n   \nwhere is my order #1001?\r\nlast line without newline")
-    adapter = ConsoleAdapter(input_stream=source, output_stream=io.StringIO(), user_name="Ana")
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=source, output_stream=io.StringIO(), user_name="Ana"
+    )
     handler = Recorder()
 
     await adapter.start(handler)
@@ -105,7 +107,9 @@ async def test_lines_become_events_in_order_and_eof_closes() -> None:
     ],
 )
 async def test_commands(line: str, command: str | None) -> None:
-    adapter = ConsoleAdapter(input_stream=io.StringIO(line + "\n"), output_stream=io.StringIO())
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=io.StringIO(line + "\n"), output_stream=io.StringIO()
+    )
     handler = Recorder()
 
     await run_until_eof(adapter, handler)
@@ -117,7 +121,7 @@ async def test_commands(line: str, command: str | None) -> None:
 
 async def test_next_line_is_read_only_after_the_previous_event_was_accepted() -> None:
     source = CountingInput("one\ntwo\n")
-    adapter = ConsoleAdapter(input_stream=source, output_stream=io.StringIO())
+    adapter = ConsoleAdapter(piped_idle_seconds=0, input_stream=source, output_stream=io.StringIO())
     reads_during_handler: list[int] = []
 
     async def handler(event: MessageEvent) -> bool:
@@ -133,7 +137,9 @@ async def test_next_line_is_read_only_after_the_previous_event_was_accepted() ->
 
 async def test_a_failing_handler_is_reported_and_reading_goes_on() -> None:
     output = io.StringIO()
-    adapter = ConsoleAdapter(input_stream=io.StringIO("boom\nfine\n"), output_stream=output)
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=io.StringIO("boom\nfine\n"), output_stream=output
+    )
     handler = Recorder(fail_on="boom")
 
     await run_until_eof(adapter, handler)
@@ -145,7 +151,9 @@ async def test_a_failing_handler_is_reported_and_reading_goes_on() -> None:
 async def test_a_line_the_gateway_ignores_gets_one_line_saying_why() -> None:
     # The gateway answers False for a message the access settings do not admit.
     output = io.StringIO()
-    adapter = ConsoleAdapter(input_stream=io.StringIO("hello\nagain\n"), output_stream=output)
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=io.StringIO("hello\nagain\n"), output_stream=output
+    )
     seen: list[str] = []
 
     async def not_admitted(event: MessageEvent) -> bool:
@@ -161,7 +169,7 @@ async def test_a_line_the_gateway_ignores_gets_one_line_saying_why() -> None:
 
 async def test_send_writes_lines_and_counts_ids() -> None:
     output = io.StringIO()
-    adapter = ConsoleAdapter(input_stream=io.StringIO(), output_stream=output)
+    adapter = ConsoleAdapter(piped_idle_seconds=0, input_stream=io.StringIO(), output_stream=output)
 
     first = await adapter.send("local", adapter.format_reply("Hi!", "Triage"))
     second = await adapter.send("local", "second\nwith two lines")
@@ -173,7 +181,7 @@ async def test_send_writes_lines_and_counts_ids() -> None:
 
 async def test_concurrent_sends_keep_their_order() -> None:
     output = io.StringIO()
-    adapter = ConsoleAdapter(input_stream=io.StringIO(), output_stream=output)
+    adapter = ConsoleAdapter(piped_idle_seconds=0, input_stream=io.StringIO(), output_stream=output)
 
     results = await asyncio.gather(*(adapter.send("local", f"reply {i}") for i in range(20)))
 
@@ -184,7 +192,7 @@ async def test_concurrent_sends_keep_their_order() -> None:
 async def test_send_to_a_closed_output_raises_platform_error() -> None:
     output = io.StringIO()
     output.close()
-    adapter = ConsoleAdapter(input_stream=io.StringIO(), output_stream=output)
+    adapter = ConsoleAdapter(piped_idle_seconds=0, input_stream=io.StringIO(), output_stream=output)
 
     with pytest.raises(PlatformError) as caught:
         await adapter.send("local", "hello")
@@ -195,7 +203,9 @@ async def test_send_to_a_closed_output_raises_platform_error() -> None:
 
 async def test_indicate_typing_writes_nothing() -> None:
     output = io.StringIO()
-    adapter = ConsoleAdapter(input_stream=io.StringIO("hi\n"), output_stream=output)
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=io.StringIO("hi\n"), output_stream=output
+    )
     handler = Recorder()
     await run_until_eof(adapter, handler)
 
@@ -206,7 +216,9 @@ async def test_indicate_typing_writes_nothing() -> None:
 
 async def test_interactive_terminal_shows_prompt_and_redraws_it_after_a_reply() -> None:
     output = TTYStringIO()
-    adapter = ConsoleAdapter(input_stream=TTYStringIO("hi\n"), output_stream=output)
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=TTYStringIO("hi\n"), output_stream=output
+    )
     handler = Recorder()
     await run_until_eof(adapter, handler)
     # Prompt for "hi", prompt for the read that hit EOF, then a newline for Ctrl-D.
@@ -215,7 +227,7 @@ async def test_interactive_terminal_shows_prompt_and_redraws_it_after_a_reply() 
 
 async def test_reply_while_prompt_is_pending_clears_and_redraws_it() -> None:
     writer = TTYStringIO()
-    adapter = ConsoleAdapter(input_stream=TTYStringIO(), output_stream=writer)
+    adapter = ConsoleAdapter(piped_idle_seconds=0, input_stream=TTYStringIO(), output_stream=writer)
     # As if the reader thread had printed the prompt and were waiting for a line.
     adapter._prompt_pending = True
 
@@ -226,14 +238,18 @@ async def test_reply_while_prompt_is_pending_clears_and_redraws_it() -> None:
 
 async def test_non_tty_input_gets_no_prompt() -> None:
     output = TTYStringIO()
-    adapter = ConsoleAdapter(input_stream=io.StringIO("hi\n"), output_stream=output)
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=io.StringIO("hi\n"), output_stream=output
+    )
     await run_until_eof(adapter, Recorder())
     assert output.getvalue() == ""
 
 
 async def test_stop_before_eof_ends_reading_and_is_idempotent() -> None:
     read_fd_stream = BlockingInput()
-    adapter = ConsoleAdapter(input_stream=read_fd_stream, output_stream=io.StringIO())
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=read_fd_stream, output_stream=io.StringIO()
+    )
     handler = Recorder()
     await adapter.start(handler)
     connected_while_running = adapter.is_connected
@@ -256,7 +272,9 @@ async def test_stop_before_eof_ends_reading_and_is_idempotent() -> None:
 
 
 async def test_start_twice_is_refused() -> None:
-    adapter = ConsoleAdapter(input_stream=io.StringIO(), output_stream=io.StringIO())
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=io.StringIO(), output_stream=io.StringIO()
+    )
     await adapter.start(Recorder())
     try:
         with pytest.raises(RuntimeError):
@@ -266,7 +284,9 @@ async def test_start_twice_is_refused() -> None:
 
 
 async def test_undecodable_line_is_skipped_and_reading_goes_on() -> None:
-    adapter = ConsoleAdapter(input_stream=FlakyInput(), output_stream=io.StringIO())
+    adapter = ConsoleAdapter(
+        piped_idle_seconds=0, input_stream=FlakyInput(), output_stream=io.StringIO()
+    )
     handler = Recorder()
 
     await run_until_eof(adapter, handler)
@@ -277,7 +297,7 @@ async def test_undecodable_line_is_skipped_and_reading_goes_on() -> None:
 
 async def test_broken_input_ends_like_eof_but_is_not_eof() -> None:
     source = io.StringIO("one\n")
-    adapter = ConsoleAdapter(input_stream=source, output_stream=io.StringIO())
+    adapter = ConsoleAdapter(piped_idle_seconds=0, input_stream=source, output_stream=io.StringIO())
     source.close()
     handler = Recorder()
 
@@ -340,7 +360,7 @@ class BlockingInput:
 
 async def test_attachments_print_where_the_file_is_saved(tmp_path: Path) -> None:
     output = io.StringIO()
-    adapter = ConsoleAdapter(input_stream=io.StringIO(), output_stream=output)
+    adapter = ConsoleAdapter(piped_idle_seconds=0, input_stream=io.StringIO(), output_stream=output)
     saved = tmp_path / "media" / "ab" / "abcd"
     photo = OutgoingFile("image", b"\xff\xd8\xff", "image/jpeg", "chart.jpg", path=saved)
     result = await adapter.send_attachments("local", [photo])

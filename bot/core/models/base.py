@@ -38,6 +38,11 @@ class Usage:
     """Completion tokens (reasoning included, when the provider counts it there)."""
     total: int = 0
     """Total tokens; computed as input + output when not given."""
+    cached_input_tokens: int = 0
+    """Of ``input_tokens``, those the provider served from its prompt cache (0 when
+    it reports none)."""
+    reasoning_tokens: int = 0
+    """Of ``output_tokens``, the reasoning tokens (0 when the provider reports none)."""
 
     def __post_init__(self) -> None:
         if self.total == 0 and (self.input_tokens or self.output_tokens):
@@ -48,6 +53,8 @@ class Usage:
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             total=self.total + other.total,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
         )
 
 

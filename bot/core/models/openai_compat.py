@@ -37,8 +37,13 @@ from typing_extensions import override
 from bot.core._schema import SchemaTransform, gemini_compatible_schema, plain_copy
 from bot.core.media_store import MediaStore
 from bot.core.messages import ImagePart, Message, Role, ToolCall
-from bot.core.models.base import ModelResponse, OnText, ToolSpec, Usage, sanitize_history
-from bot.core.models.openai_stream import INVALID_JSON_ARGUMENTS, read_stream, tool_call_of
+from bot.core.models.base import ModelResponse, OnText, ToolSpec, sanitize_history
+from bot.core.models.openai_stream import (
+    INVALID_JSON_ARGUMENTS,
+    read_stream,
+    tool_call_of,
+    usage_of,
+)
 from bot.core.parts import NO_VISION_NOTE, part_text, without_images
 from bot.errors import ModelError
 
@@ -411,12 +416,12 @@ class OpenAICompatibleModel:
         deadline: float,
         on_text: OnText | None = None,
     ) -> ModelResponse:
-        request: dict[str, Any] = {
-            "model": model,
-            "messages": to_openai_messages(system, history, images),
-        }
+        # The tools before the messages: the body's bytes then grow only at the end from
+        # one turn to the next (a stable prefix, what providers' prompt caches match).
+        request: dict[str, Any] = {"model": model}
         if tools:
             request["tools"] = _to_openai_tools(tools, self.schema_transform)
+        request["messages"] = to_openai_messages(system, history, images)
         if on_text is not None:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}
@@ -484,13 +489,7 @@ class OpenAICompatibleModel:
             calls.append(call)
             if problem is not None:
                 invalid[call_id] = problem
-        usage = Usage()
-        if completion.usage is not None:
-            usage = Usage(
-                input_tokens=completion.usage.prompt_tokens or 0,
-                output_tokens=completion.usage.completion_tokens or 0,
-                total=completion.usage.total_tokens or 0,
-            )
+        usage = usage_of(completion.usage)
         content = message.content
         if content is None and not calls:
             content = message.refusal or ""

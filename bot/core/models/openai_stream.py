@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openai import AsyncStream
+from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from bot.core.messages import ToolCall
 from bot.core.models.base import ModelResponse, OnText, Usage
 
-__all__ = ["INVALID_JSON_ARGUMENTS", "read_stream", "tool_call_of"]
+__all__ = ["INVALID_JSON_ARGUMENTS", "read_stream", "tool_call_of", "usage_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,26 @@ def tool_call_of(call_id: str, name: str, raw_arguments: str | None) -> tuple[To
         logger.warning("Model sent tool call %s with invalid JSON arguments", call_id)
         return ToolCall(id=call_id, name=name), INVALID_JSON_ARGUMENTS
     return ToolCall(id=call_id, name=name, arguments=arguments), None
+
+
+def usage_of(reported: CompletionUsage | None) -> Usage:
+    """The ``Usage`` of a completion's (or the last chunk's) ``usage`` object.
+
+    ``prompt_tokens_details.cached_tokens`` and
+    ``completion_tokens_details.reasoning_tokens`` are read where the provider
+    sends them; a missing count is 0, never estimated.
+    """
+    if reported is None:
+        return Usage()
+    prompt_details = reported.prompt_tokens_details
+    completion_details = reported.completion_tokens_details
+    return Usage(
+        input_tokens=reported.prompt_tokens or 0,
+        output_tokens=reported.completion_tokens or 0,
+        total=reported.total_tokens or 0,
+        cached_input_tokens=(prompt_details.cached_tokens or 0) if prompt_details else 0,
+        reasoning_tokens=(completion_details.reasoning_tokens or 0) if completion_details else 0,
+    )
 
 
 @dataclass
@@ -73,11 +94,7 @@ async def read_stream(
     usage = Usage()
     async for chunk in chunks:
         if chunk.usage is not None:
-            usage = Usage(
-                input_tokens=chunk.usage.prompt_tokens or 0,
-                output_tokens=chunk.usage.completion_tokens or 0,
-                total=chunk.usage.total_tokens or 0,
-            )
+            usage = usage_of(chunk.usage)
         if not chunk.choices:
             continue  # the usage chunk of stream_options.include_usage
         delta = chunk.choices[0].delta

@@ -5,16 +5,31 @@ such as faster-whisper-server speak the same API, so one client covers them
 all, at ``OPENAI_BASE_URL`` with ``TRANSCRIPTION_MODEL``. The audio goes as
 received: Whisper-style APIs accept OGG/Opus, so there is no conversion step.
 The transcript is never logged.
+
+Where the service reports token usage (``gpt-4o-transcribe`` and
+``gpt-4o-mini-transcribe`` do; ``whisper-1`` reports seconds of audio or
+nothing), ``MeteredTranscriber.transcribe_metered`` hands it back with the
+text, so the turn can record it; nothing is estimated when it is not given.
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from bot.errors import ModelError
+from bot.core.models.base import Usage
+from bot.core.models.openai_audio import OpenAIAudioClient
 
-__all__ = ["DEFAULT_TRANSCRIPTION_MODEL", "OpenAITranscriber", "Transcriber"]
+if TYPE_CHECKING:
+    import openai
+
+__all__ = [
+    "DEFAULT_TRANSCRIPTION_MODEL",
+    "MeteredTranscriber",
+    "OpenAITranscriber",
+    "Transcriber",
+    "Transcript",
+]
 
 DEFAULT_TRANSCRIPTION_MODEL = "whisper-1"
 """``TRANSCRIPTION_MODEL`` when none is set."""
@@ -29,7 +44,40 @@ class Transcriber(Protocol):
         ...
 
 
-class OpenAITranscriber:
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """A transcription's text and the tokens the service reported for it."""
+
+    text: str
+    """The words spoken."""
+    usage: Usage | None = None
+    """Token usage as reported; ``None`` when the service gave none (or gave seconds)."""
+
+
+@runtime_checkable
+class MeteredTranscriber(Transcriber, Protocol):
+    """A ``Transcriber`` that also hands back the usage the service reported."""
+
+    async def transcribe_metered(
+        self, data: bytes, *, file_name: str, mime_type: str
+    ) -> Transcript:
+        """Like ``transcribe``, with the usage; ``ModelError`` when the service fails."""
+        ...
+
+
+def _tokens_of(reported: Any) -> Usage | None:
+    """Token usage of a transcription response (``{"type": "tokens", ...}``); ``None``
+    for a duration (``whisper-1``) or no usage at all."""
+    if reported is None or getattr(reported, "type", None) != "tokens":
+        return None
+    return Usage(
+        input_tokens=int(getattr(reported, "input_tokens", 0) or 0),
+        output_tokens=int(getattr(reported, "output_tokens", 0) or 0),
+        total=int(getattr(reported, "total_tokens", 0) or 0),
+    )
+
+
+class OpenAITranscriber(OpenAIAudioClient):
     """A ``Transcriber`` on the openai SDK's ``audio.transcriptions``."""
 
     def __init__(
@@ -41,52 +89,26 @@ class OpenAITranscriber:
         timeout: float = 60.0,
         max_retries: int = 2,
     ) -> None:
-        self.api_key = api_key
-        self.base_url = base_url
+        super().__init__(api_key, base_url, timeout=timeout, max_retries=max_retries)
         self.model = model
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self._client: object | None = None
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAITranscriber(base_url={self.base_url!r}, model={self.model!r})"
 
     async def transcribe(self, data: bytes, *, file_name: str, mime_type: str) -> str:
         """Send ``data`` as the multipart ``file`` field and return the text."""
-        # Deferred, as in routing: the SDK is slow to import and only needed here.
-        import openai
+        transcript = await self.transcribe_metered(data, file_name=file_name, mime_type=mime_type)
+        return transcript.text
 
-        client = self._client
-        if not isinstance(client, openai.AsyncOpenAI):
-            client = openai.AsyncOpenAI(
-                api_key=self.api_key,
-                base_url=self.base_url,
-                max_retries=self.max_retries,
-                timeout=self.timeout,
+    async def transcribe_metered(
+        self, data: bytes, *, file_name: str, mime_type: str
+    ) -> Transcript:
+        """Send ``data`` as the multipart ``file`` field; the text and the reported usage."""
+
+        async def transcribe(client: openai.AsyncOpenAI) -> Transcript:
+            result = await client.audio.transcriptions.create(
+                model=self.model, file=(file_name, data, mime_type), response_format="json"
             )
-            self._client = client
-        try:
-            async with asyncio.timeout(self.timeout):
-                result = await client.audio.transcriptions.create(
-                    model=self.model,
-                    file=(file_name, data, mime_type),
-                    response_format="json",
-                )
-        except TimeoutError as exc:
-            raise ModelError("transcription timed out", retryable=True) from exc
-        except openai.APIStatusError as exc:
-            raise ModelError(
-                f"transcription service answered HTTP {exc.status_code}",
-                status_code=exc.status_code,
-                retryable=exc.status_code >= 500 or exc.status_code == 429,
-            ) from exc
-        except openai.OpenAIError as exc:
-            raise ModelError(f"transcription failed: {type(exc).__name__}") from exc
-        return str(result.text).strip()
+            return Transcript(str(result.text).strip(), _tokens_of(getattr(result, "usage", None)))
 
-    async def aclose(self) -> None:
-        """Close the HTTP connection pool."""
-        client, self._client = self._client, None
-        close = getattr(client, "close", None)
-        if close is not None:
-            await close()
+        return await self._request("transcription", transcribe)

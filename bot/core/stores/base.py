@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from bot.core.agent import Agent
 from bot.core.ids import validate_session_id
+from bot.core.messages import Message
 from bot.core.session import DEFAULT_MAX_TURNS, SessionContext, check_max_turns, check_prune_to
 from bot.core.sql import Dialect, Transaction
 from bot.core.stores._locks import KeyedLocks
@@ -230,6 +231,14 @@ class BaseSessionStore(ABC):
         """Write the session's changes in one transaction (O(changes)).
 
         Raises ``SessionDeletedError`` if the session was deleted since it was loaded.
+        """
+
+    @abstractmethod
+    async def conversation(self, session_id: str) -> list[tuple[Message, bool]] | None:
+        """Every stored message of the session, compacted ones included, in order.
+
+        Each comes with whether a compaction took it out of the history (the
+        model no longer sees it); ``None`` if there is no such session.
         """
 
     @abstractmethod

@@ -48,7 +48,8 @@ DEFAULT_CACHE_MESSAGES: Final = 50_000
 
 VERSION_SQL: Final = (
     "SELECT version, created_at, active_agent_name, metadata_json, (SELECT COUNT(*) "
-    "FROM chatflow_messages WHERE session_id = ?) FROM chatflow_sessions WHERE session_id = ?"
+    "FROM chatflow_messages WHERE session_id = ? AND compacted = 0) "
+    "FROM chatflow_sessions WHERE session_id = ?"
 )
 """The freshness read of a cached load (the id twice): one row and one index range count."""
 

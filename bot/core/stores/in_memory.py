@@ -37,6 +37,8 @@ class _StoredSession:
     """Time of the last save."""
     messages: dict[int, Message] = field(default_factory=dict)
     """Stored messages by seq."""
+    compacted: dict[int, Message] = field(default_factory=dict)
+    """Messages a compaction took out of the history, by seq (kept for ``conversation``)."""
 
 
 class SessionStore(BaseSessionStore):
@@ -151,6 +153,10 @@ class SessionStore(BaseSessionStore):
                 )
             for seq in changes.deletes:
                 stored.messages.pop(seq, None)
+            for seq in changes.compacts:
+                message = stored.messages.pop(seq, None)
+                if message is not None:
+                    stored.compacted[seq] = message
             for entry in changes.inserts:
                 stored.messages[entry.seq] = entry.message
         stored.agent = session.active_agent
@@ -158,6 +164,17 @@ class SessionStore(BaseSessionStore):
         stored.updated_at = self.now()
         session._mark_saved(changes, stored.incarnation)
         self._track(session)
+
+    async def conversation(self, session_id: str) -> list[tuple[Message, bool]] | None:
+        """Every stored message, compacted ones included, in order, each with whether it
+        was compacted; ``None`` if there is no such session."""
+        validate_session_id(session_id)
+        stored = self._sessions.get(session_id)
+        if stored is None:
+            return None
+        rows = [(seq, m, False) for seq, m in stored.messages.items()]
+        rows.extend((seq, m, True) for seq, m in stored.compacted.items())
+        return [(message, compacted) for _, message, compacted in sorted(rows, key=lambda r: r[0])]
 
     async def delete(self, session_id: str) -> bool:
         """Delete the session; contexts handed out become ``deleted``."""

@@ -63,6 +63,9 @@ MIGRATIONS: Final[Mapping[int, tuple[str, ...]]] = {
     # 2: a version per session, for the stores' session caches. Saves bump it; a
     # trigger (``_VERSION_TRIGGERS``, created with it) bumps it on hand-made message edits.
     2: ("ALTER TABLE chatflow_sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0",),
+    # 3: compaction (``bot.core.compactor``) keeps summarised messages, marked, for the
+    # console and audits; loads read only the others. They go with their session.
+    3: ("ALTER TABLE chatflow_messages ADD COLUMN compacted INTEGER NOT NULL DEFAULT 0",),
 }
 """``MIGRATIONS[v]`` moves the session tables from version ``v - 1`` to ``v`` (SQLite DDL)."""
 

@@ -289,9 +289,38 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
 
     async def _read_messages(self, tx: Transaction, session_id: str) -> list[tuple[Any, ...]]:
         return await tx.fetchall(
-            "SELECT seq, message_json FROM chatflow_messages WHERE session_id = ? ORDER BY seq",
+            "SELECT seq, message_json FROM chatflow_messages "
+            "WHERE session_id = ? AND compacted = 0 ORDER BY seq",
             (session_id,),
         )
+
+    async def conversation(self, session_id: str) -> list[tuple[Message, bool]] | None:
+        """Every stored message of the session, compacted ones included, in order, each
+        with whether it was compacted; ``None`` if there is no such session."""
+        validate_session_id(session_id)
+
+        async def body(tx: Transaction) -> list[tuple[Any, ...]] | None:
+            row = await tx.fetchone(
+                "SELECT 1 FROM chatflow_sessions WHERE session_id = ?", (session_id,)
+            )
+            if row is None:
+                return None
+            return await tx.fetchall(
+                "SELECT message_json, compacted FROM chatflow_messages "
+                "WHERE session_id = ? ORDER BY seq",
+                (session_id,),
+            )
+
+        rows = await self.run(body, write=False)
+        if rows is None:
+            return None
+        result: list[tuple[Message, bool]] = []
+        for message_json, compacted in rows:
+            try:
+                result.append((Message.model_validate_json(message_json), bool(compacted)))
+            except (TypeError, ValueError):
+                continue  # unreadable rows are skipped, as loads skip them
+        return result
 
     def _build(
         self,
@@ -415,6 +444,14 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
                 await tx.executemany(
                     "DELETE FROM chatflow_messages WHERE session_id = ? AND seq BETWEEN ? AND ?",
                     [(session_id, first, last) for first, last in seq_runs(changes.deletes)],
+                )
+            if changes.compacts:
+                # Kept for the console and audits; loads skip them. (The version trigger
+                # fires here; the UPDATE below sets the version this save decides.)
+                await tx.executemany(
+                    "UPDATE chatflow_messages SET compacted = 1 "
+                    "WHERE session_id = ? AND seq BETWEEN ? AND ?",
+                    [(session_id, first, last) for first, last in seq_runs(changes.compacts)],
                 )
             if inserts:
                 try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from bot.config import Settings
 from bot.core.sql import Transaction
@@ -29,11 +29,16 @@ from bot.gateway.inbox import InboxEntry
 from bot.gateway.ledger.obligations import Obligation
 from bot.gateway.turns import Turns
 
+if TYPE_CHECKING:
+    from bot.gateway.accounting import TokenAccounting
+
 __all__ = [
     "NOT_ADMITTED_ERROR",
+    "OVER_BUDGET_ERROR",
     "PAIRING_ERROR",
     "RATE_LIMITED_ERROR",
     "AccessControl",
+    "budget_notice",
     "pairing_reply",
     "rate_limit_notice",
 ]
@@ -46,6 +51,19 @@ NOT_ADMITTED_ERROR: Final = "not admitted"
 """The ``error`` of a recovered inbox row whose sender the access mode no longer admits."""
 PAIRING_ERROR: Final = "pairing requested"
 """The ``error`` of an inbox row answered with a pairing code instead of a turn."""
+OVER_BUDGET_ERROR: Final = "over token budget"
+"""The ``error`` of an inbox row closed because its sender was over
+``MAX_TOKENS_PER_SENDER_PER_DAY`` (``bot.gateway.accounting``)."""
+_NO_BUDGET_COMMANDS: Final = frozenset({"start", "help", "reset"})
+"""Commands that call no model: answered over the budget too."""
+
+
+def budget_notice() -> str:
+    """The one notice per UTC day a sender over the token budget gets."""
+    return (
+        "You have reached today's usage limit for this assistant. I will answer again "
+        "after midnight UTC; messages sent until then will not be answered."
+    )
 
 
 def rate_limit_notice(retry_in: float) -> str:
@@ -92,6 +110,8 @@ class AccessControl:
             self.pairing = Pairing(
                 store, secret=secret, ttl_seconds=settings.pairing_code_ttl_seconds
             )
+        self.budget: TokenAccounting | None = None
+        """The daily token budget, judged after the rate limit (the gateway sets it)."""
         self.limits: RateLimits | None = None
         if settings.rate_limit_messages is not None:
             self.limits = RateLimits(
@@ -117,14 +137,17 @@ class AccessControl:
         inbox for the next start.
         """
         counting = count and self.limits is not None
-        if not counting and admission == "serve":
-            return True
         event = entry.event
+        budget = self.budget if self.budget is not None and self.budget.budgeted else None
+        if event.scheduled or event.command in _NO_BUDGET_COMMANDS:
+            budget = None
+        if not counting and budget is None and admission == "serve":
+            return True
 
         # One body on the database thread (it joins the group commit of tx 1s and
         # turns); it awaits only the transaction.
-        async def body(tx: Transaction) -> tuple[bool, bool, Obligation | None]:
-            limited = notice = False
+        async def body(tx: Transaction) -> tuple[bool, bool, Obligation | None, bool]:
+            limited = notice = over = False
             answer: Obligation | None = None
             if counting:
                 assert self.limits is not None
@@ -145,10 +168,17 @@ class AccessControl:
                 # must not spend the bot's send budget; they were told already.
                 text = pairing_reply(code, self.pairing.ttl_seconds) if issued else None
                 answer = await self._turns.close_in(tx, entry, text, error=PAIRING_ERROR)
-            return limited, notice, answer
+            if budget is not None and admission == "serve" and not limited:
+                # Like a rate-limited message: journaled and closed, not in the history.
+                judged = await budget.budget_in(tx, event)
+                if judged.over:
+                    over = True
+                    text = budget_notice() if judged.notice else None
+                    answer = await self._turns.close_in(tx, entry, text, error=OVER_BUDGET_ERROR)
+            return limited, notice, answer, over
 
         try:
-            limited, notice, answer = await self._store.run(body)
+            limited, notice, answer, over = await self._store.run(body)
         except ChatflowError as exc:
             logger.warning(
                 "access check failed for session %s (%s)", entry.session_id, type(exc).__name__
@@ -168,9 +198,18 @@ class AccessControl:
                 )
         elif admission == "pair":
             self._metrics.pairing_requests.labels(event.platform).inc()
+        elif over:
+            self._metrics.over_budget.labels(event.platform).inc()
+            if answer is not None:
+                logger.info(
+                    "%s sender over the daily token budget (session %s): told once, "
+                    "no turn until the UTC day ends",
+                    event.platform,
+                    entry.session_id,
+                )
         if answer is not None:
             self._queue_sends([answer])
-        return admission == "serve" and not limited
+        return admission == "serve" and not limited and not over
 
     async def rescreen(
         self, entries: list[InboxEntry], admit: Callable[[MessageEvent], Awaitable[Admission]]

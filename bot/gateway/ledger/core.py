@@ -40,6 +40,7 @@ from bot.gateway.instances import (
     lease_liveness,
     to_epoch,
 )
+from bot.gateway.ledger.keyboards import ensure_keyboards_schema, record_keyboard_in
 from bot.gateway.ledger.obligations import (
     MAX_ATTEMPTS,
     MIGRATIONS,
@@ -49,6 +50,7 @@ from bot.gateway.ledger.obligations import (
     Obligation,
     OwedFields,
     attachments_json,
+    buttons_json,
     clip_error,
 )
 
@@ -135,6 +137,7 @@ class LedgerCore:
         """Create or migrate the ledger tables; idempotent."""
         async with self._store.transaction() as tx:
             await ensure_schema(tx, _COMPONENT, MIGRATIONS)
+            await ensure_keyboards_schema(tx)
             if self._fenced:
                 await ensure_instances_schema(tx)  # leases decide who is alive
         self._opened = True
@@ -143,6 +146,7 @@ class LedgerCore:
         # Not marked open here: the caller's transaction may still roll back.
         if not self._opened:
             await ensure_schema(tx, _COMPONENT, MIGRATIONS)
+            await ensure_keyboards_schema(tx)
             if self._fenced:
                 await ensure_instances_schema(tx)
 
@@ -293,9 +297,9 @@ class LedgerCore:
             f"INSERT INTO {TABLE} (obligation_id, session_key, session_id, platform, chat_id, "
             "thread_id, reply_to, message_ref, content, state, attempts, maybe_delivered, "
             "last_error, owner_pid, owner_instance, owner_started, next_attempt_at, sent_ids, "
-            "created_at, fresh_since, updated_at, attachments) "
+            "created_at, fresh_since, updated_at, attachments, buttons) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, NULL, NULL, "
-            "?, ?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
+            "?, ?, ?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
             (
                 o.obligation_id,
                 o.session_key,
@@ -315,8 +319,23 @@ class LedgerCore:
                 now,
                 now,
                 attachments_json(o.attachments),
+                buttons_json(o.buttons),
             ),
         )
+        if inserted == 1 and o.buttons:
+            # Same transaction: a recorded reply always has its keyboard's rows.
+            await record_keyboard_in(
+                tx,
+                keyboard_id=o.obligation_id,
+                obligation_id=o.obligation_id,
+                platform=o.platform,
+                chat_id=o.chat_id,
+                thread_id=o.thread_id,
+                session_key=o.session_key,
+                session_id=o.session_id,
+                buttons=o.buttons,
+                now=now,
+            )
         return inserted == 1
 
     async def record_obligation_in(self, tx: Transaction, **fields: Unpack[OwedFields]) -> bool:

@@ -23,6 +23,7 @@ from pydantic import TypeAdapter
 
 from bot.core.attachments import OutgoingPart
 from bot.gateway.instances import Owner, from_epoch
+from bot.gateway.ledger.keyboards import KeyboardButton
 
 __all__ = [
     "COLUMNS",
@@ -40,6 +41,7 @@ __all__ = [
     "ObligationState",
     "StoredRow",
     "attachments_json",
+    "buttons_json",
     "clip_error",
     "compute_obligation_id",
     "decode_row",
@@ -78,15 +80,19 @@ def compute_obligation_id(
     message_ref: str,
     content: str,
     attachments: Sequence[OutgoingPart] = (),
+    buttons: Sequence[KeyboardButton] = (),
 ) -> str:
     """Stable id: the same turn with the same content re-records idempotently,
     while different threads of one chat never collide.
 
-    Attachments count by content hash; without any the id is DESIGN.md's
-    ``session_key|message_ref|content``, as for rows made before attachments."""
+    Attachments count by content hash, buttons by label and value (not by their
+    random tokens); without either the id is DESIGN.md's
+    ``session_key|message_ref|content``, as for rows made before them."""
     payload = f"{session_key}|{message_ref}|{content}"
     if attachments:
         payload += "|" + ",".join(f"{a.kind}:{a.sha256}" for a in attachments)
+    if buttons:
+        payload += "|buttons:" + json.dumps([[b.label, b.value] for b in buttons])
     return hashlib.sha256(payload.encode("utf-8", "replace")).hexdigest()[:24]
 
 
@@ -96,6 +102,14 @@ _ATTACHMENTS: Final = TypeAdapter(list[OutgoingPart])
 def attachments_json(attachments: Sequence[OutgoingPart]) -> str | None:
     """The ``attachments`` column of a row: JSON references (never bytes), ``NULL`` for none."""
     return _ATTACHMENTS.dump_json(list(attachments)).decode() if attachments else None
+
+
+_BUTTONS: Final = TypeAdapter(list[KeyboardButton])
+
+
+def buttons_json(buttons: Sequence[KeyboardButton]) -> str | None:
+    """The ``buttons`` column of a row: tokens, labels and values as JSON, ``NULL`` for none."""
+    return _BUTTONS.dump_json(list(buttons)).decode() if buttons else None
 
 
 def clip_error(error: str) -> str:
@@ -116,6 +130,7 @@ class OwedFields(TypedDict):
     content: str
     message_ref: str
     attachments: NotRequired[tuple[OutgoingPart, ...]]
+    buttons: NotRequired[tuple[KeyboardButton, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +173,9 @@ class Obligation:
     """Platform message ids of the delivered parts."""
     attachments: tuple[OutgoingPart, ...] = ()
     """Files sent after ``content`` (references into the media store), part of the reply."""
+    buttons: tuple[KeyboardButton, ...] = ()
+    """Choices shown under the last part of ``content`` (their rows are in
+    ``chatflow_buttons``); a resend carries the same tokens."""
 
     @classmethod
     def owed(cls, **fields: Unpack[OwedFields]) -> Obligation:
@@ -226,13 +244,15 @@ MIGRATIONS: Final = {
     ),
     # 2: the files a reply carries (JSON references); rows before it have none (NULL).
     2: (f"ALTER TABLE {TABLE} ADD COLUMN attachments TEXT",),
+    # 3: the buttons a reply carries (JSON: token, label, value); rows before it have none.
+    3: (f"ALTER TABLE {TABLE} ADD COLUMN buttons TEXT",),
 }
 """Schema versions of the ledger's tables (component ``delivery_ledger``)."""
 COLUMNS: Final = (
     "obligation_id, session_key, session_id, platform, chat_id, thread_id, reply_to, "
     "content, state, attempts, last_error, created_at, maybe_delivered, message_ref, "
     "next_attempt_at, sent_ids, owner_pid, owner_instance, owner_started, fresh_since, "
-    "attachments"
+    "attachments, buttons"
 )
 """The columns ``decode_row`` reads, in its order."""
 
@@ -277,6 +297,7 @@ def decode_row(values: Sequence[Any]) -> StoredRow:
         owner_started,
         fresh_since,
         attachments,
+        buttons,
     ) = values
     obligation = Obligation(
         obligation_id=str(obligation_id),
@@ -297,6 +318,7 @@ def decode_row(values: Sequence[Any]) -> StoredRow:
         next_attempt_at=_moment(next_attempt_at),
         sent_ids=tuple(json.loads(sent_ids)) if sent_ids else (),
         attachments=tuple(_ATTACHMENTS.validate_json(attachments)) if attachments else (),
+        buttons=tuple(_BUTTONS.validate_json(buttons)) if buttons else (),
     )
     owner = Owner(int(owner_pid), str(owner_instance), owner_started)
     return StoredRow(obligation, owner, float(fresh_since))

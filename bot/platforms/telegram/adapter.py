@@ -38,7 +38,7 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
-from telegram import Message, ReplyParameters, Update
+from telegram import InlineKeyboardMarkup, Message, ReplyParameters, Update
 from telegram.constants import ChatAction
 from telegram.error import BadRequest, ChatMigrated
 
@@ -52,6 +52,7 @@ from bot.gateway.contract import (
     SendPacer,
     SendResult,
 )
+from bot.platforms.telegram.buttons import TelegramButtons
 from bot.platforms.telegram.drafts import TelegramDrafts
 from bot.platforms.telegram.errors import (
     log_failure,
@@ -66,6 +67,7 @@ from bot.platforms.telegram.pacing import SEND_LIMITS, take_turn
 from bot.platforms.telegram.polling import Backoff, TelegramPoller
 from bot.platforms.telegram.request import AppType, build_application
 from bot.platforms.telegram.send_media import TelegramFiles
+from bot.platforms.telegram.send_voice import TelegramVoice
 from bot.platforms.telegram.webhook import WEBHOOK_PATH, handle_webhook
 from bot.platforms.text import split_text, utf16_len
 
@@ -98,7 +100,9 @@ def _parse_reply_to(reply_to: str) -> int:
     return int(reply_to.rsplit(":", 1)[-1])
 
 
-class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
+class TelegramAdapter(
+    TelegramFiles, TelegramVoice, TelegramButtons, TelegramDrafts, PlatformAdapter
+):
     """The Telegram side of the gateway (see the module docstring).
 
     Mode: long polling unless ``webhook_url`` is set; then ``start`` registers
@@ -287,7 +291,9 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
                 await asyncio.sleep(delay)
 
     def _allowed_updates(self) -> list[str]:
-        return ["message", "channel_post"] if self._allow_channels else ["message"]
+        # callback_query: button taps (inline keyboards under replies).
+        updates = ["message", "callback_query"]
+        return [*updates, "channel_post"] if self._allow_channels else updates
 
     def _token_rejected(self) -> None:
         # Polling ended for good: the gateway must see the adapter as down.
@@ -379,12 +385,14 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
         *,
         thread_id: str | None = None,
         reply_to: str | None = None,
+        reply_markup: InlineKeyboardMarkup | None = None,
     ) -> SendResult:
         """Send ``text`` in ordered parts of at most 4096 UTF-16 units.
 
         ``thread_id`` is a forum topic (``"1"``, General, is omitted);
         ``reply_to`` is the message to quote on the first part, as a bare id or
-        an event's ``telegram:<chat>:<message>`` id (sent even if it is gone).
+        an event's ``telegram:<chat>:<message>`` id (sent even if it is gone);
+        ``reply_markup`` (an inline keyboard) goes on the last part.
         Blank text raises a permanent ``PlatformError`` (Telegram rejects it).
         """
         app = self._require_app()
@@ -408,19 +416,23 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
                 "Telegram thread and reply ids must be numeric", platform=PLATFORM, code="bad_id"
             ) from exc
         ids: list[str] = []
+
+        def markup(index: int) -> InlineKeyboardMarkup | None:
+            return reply_markup if index == len(parts) - 1 else None
+
         for index, part in enumerate(parts):
             try:
                 with map_telegram_errors(self._token):
                     try:
                         sent = await self._send_part(
-                            app, target, part, topic, reply if index == 0 else None
+                            app, target, part, topic, reply if index == 0 else None, markup(index)
                         )
                     except ChatMigrated as exc:
                         new_id = int(exc.new_chat_id)
                         await self._note_migration(str(target), new_id)
                         target = new_id
                         sent = await self._send_part(
-                            app, target, part, topic, reply if index == 0 else None
+                            app, target, part, topic, reply if index == 0 else None, markup(index)
                         )
             except PlatformError as error:
                 logger.warning(
@@ -444,6 +456,7 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
         text: str,
         thread_id: int | None,
         reply: ReplyParameters | None,
+        markup: InlineKeyboardMarkup | None = None,
     ) -> Message:
         bot = app.bot
         if self._parse_mode is not None:
@@ -455,6 +468,7 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
                     parse_mode=self._parse_mode,
                     message_thread_id=thread_id,
                     reply_parameters=reply,
+                    reply_markup=markup,
                 )
                 return message
             except BadRequest as exc:
@@ -463,7 +477,7 @@ class TelegramAdapter(TelegramFiles, TelegramDrafts, PlatformAdapter):
                 logger.debug("Telegram could not parse the formatting; sending plain text")
         await take_turn(self.pacer, chat_id)
         plain: Message = await bot.send_message(
-            chat_id, text, message_thread_id=thread_id, reply_parameters=reply
+            chat_id, text, message_thread_id=thread_id, reply_parameters=reply, reply_markup=markup
         )
         return plain
 

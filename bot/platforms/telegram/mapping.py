@@ -11,12 +11,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from telegram import Message, MessageEntity, Update
+from telegram import CallbackQuery, Message, MessageEntity, Update
 
 from bot.gateway.contract import ChatType, MediaAttachment, MessageEvent, SessionSource
 from bot.platforms.text import utf16_len
 
-__all__ = ["GENERAL_TOPIC_ID", "PLATFORM", "attachments", "map_update", "migration_notice"]
+__all__ = [
+    "GENERAL_TOPIC_ID",
+    "PLATFORM",
+    "attachments",
+    "map_callback_query",
+    "map_update",
+    "migration_notice",
+]
 
 PLATFORM = "telegram"
 """Adapter name on events, ledger rows and errors."""
@@ -205,7 +212,8 @@ def map_update(
 ) -> MessageEvent | None:
     """Turn one Telegram update into a ``MessageEvent``, or ``None`` to ignore it.
 
-    Ignored: edits, callback queries and other update types, channel posts
+    A ``callback_query`` (a button tap) maps through ``map_callback_query``.
+    Ignored: edits and other update types, channel posts
     (unless ``allow_channels``), messages from bots (the anonymous-admin
     placeholder counts as its group), automatic forwards from a linked
     channel, service messages, and commands addressed to another bot
@@ -225,6 +233,8 @@ def map_update(
         raw = dict(update)
         parsed = Update.de_json(raw, None)
 
+    if parsed.callback_query is not None:
+        return map_callback_query(parsed.callback_query, raw=raw)
     message = parsed.message
     if message is None and allow_channels:
         message = parsed.channel_post
@@ -328,6 +338,40 @@ def map_update(
         media_kind=media_kind,
         timestamp=message.date,
         media=attachments(message),
+        raw=raw,
+    )
+
+
+def map_callback_query(query: CallbackQuery, *, raw: dict[str, Any]) -> MessageEvent | None:
+    """A button tap (``callback_query``) as an event with ``tap_token`` set and no text yet:
+    the gateway resolves the token to its button. ``None`` for a tap it cannot place
+    (an inline-mode message without a chat, a game button without data)."""
+    message = query.message
+    if message is None or not query.data:
+        return None
+    chat = message.chat
+    chat_type = _chat_type(chat.type)
+    if chat_type is None:
+        return None
+    user = query.from_user
+    return MessageEvent(
+        platform=PLATFORM,
+        # The callback query's id: a redelivered update is a duplicate, not a second tap.
+        message_id=f"{PLATFORM}:callback:{query.id}",
+        source=SessionSource(
+            platform=PLATFORM,
+            chat_id=str(chat.id),
+            chat_type=chat_type,
+            sender_id=str(user.id),
+            # An inaccessible (old) message tells no topic: the stored keyboard does.
+            thread_id=_thread_id(message) if isinstance(message, Message) else None,
+            chat_name=chat.full_name if chat_type == "dm" else chat.title,
+            sender_name=user.full_name,
+        ),
+        text="",
+        tap_token=query.data,
+        callback_id=query.id,
+        keyboard_message_id=str(message.message_id),
         raw=raw,
     )
 

@@ -62,6 +62,7 @@ from bot.gateway.contract import (
 )
 from bot.logs import log_ref
 from bot.platforms.text import split_text
+from bot.platforms.whatsapp.buttons import WhatsAppButtons
 from bot.platforms.whatsapp.errors import RETRYABLE_CODES, api_error, transport_error
 from bot.platforms.whatsapp.media import MediaHosts, fetch_media
 from bot.platforms.whatsapp.payload import (
@@ -72,6 +73,7 @@ from bot.platforms.whatsapp.payload import (
     parse_webhook,
 )
 from bot.platforms.whatsapp.send_media import WhatsAppFiles
+from bot.platforms.whatsapp.send_voice import WhatsAppVoice
 from bot.platforms.whatsapp.templates import (
     REENGAGEMENT_CODE,
     WINDOW_CLOSED_REASON,
@@ -137,7 +139,7 @@ class _BodyTooLarge(Exception):
     pass
 
 
-class WhatsAppAdapter(WhatsAppFiles, PlatformAdapter):
+class WhatsAppAdapter(WhatsAppFiles, WhatsAppVoice, WhatsAppButtons, PlatformAdapter):
     """WhatsApp Cloud API as a ``PlatformAdapter``.
 
     ``on_status_failed`` may be set by the gateway to learn about ``failed``

@@ -257,6 +257,15 @@ def _content(message: dict[str, Any], typ: str) -> tuple[str, str | None] | None
     return ("", "unsupported")
 
 
+def _tap(message: dict[str, Any], typ: str) -> str | None:
+    """The reply id of an ``interactive`` ``button_reply`` / ``list_reply``, else ``None``."""
+    if typ != MessageType.INTERACTIVE.value:
+        return None
+    body = _dict(message.get(typ))
+    reply = _dict(body.get("button_reply")) or _dict(body.get("list_reply"))
+    return _str(reply.get("id"))
+
+
 def _number(value: object) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
@@ -362,6 +371,9 @@ def _parse_message(
             mentions_bot = True
             text = re.sub(r"[ \t]{2,}", " ", mention.sub("", text)).strip()
 
+    # A tap on one of our interactive messages: its id is the gateway's button token.
+    tap = _tap(message, typ)
+
     command = None
     found = _COMMAND.match(text)
     # In a group a bare "/word" may be meant for people; it counts only next to a mention.
@@ -387,6 +399,8 @@ def _parse_message(
         media_kind=media_kind,
         timestamp=parse_timestamp(message.get("timestamp")),
         media=attachments(message, typ),
+        tap_token=tap,
+        keyboard_message_id=quoted_id if tap is not None else None,
         raw={
             "message": message,
             "contact": contact,

@@ -127,23 +127,35 @@ def sqlite_layout(path: Path) -> dict[str, list[tuple[object, ...]]]:
     return layout
 
 
-# What migration 2 adds to the old layout: the sessions' version column (and triggers).
+# What migration 2 adds to the old layout: the sessions' version column (and triggers);
+# migration 3: the messages' compacted mark.
 SQLITE_VERSION_COLUMN = ("version", "INTEGER", 1, "0", 0)
 POSTGRES_VERSION_COLUMN = ("chatflow_sessions", "version", "bigint", "NO", "0", "NO", None)
+SQLITE_COMPACTED_COLUMN = ("compacted", "INTEGER", 1, "0", 0)
+POSTGRES_COMPACTED_COLUMN = ("chatflow_messages", "compacted", "bigint", "NO", "0", "NO", None)
 
 
 def with_sqlite_version(
     layout: dict[str, list[tuple[object, ...]]],
 ) -> dict[str, list[tuple[object, ...]]]:
-    return {**layout, "chatflow_sessions": [*layout["chatflow_sessions"], SQLITE_VERSION_COLUMN]}
+    return {
+        **layout,
+        "chatflow_sessions": [*layout["chatflow_sessions"], SQLITE_VERSION_COLUMN],
+        "chatflow_messages": [*layout["chatflow_messages"], SQLITE_COMPACTED_COLUMN],
+    }
 
 
 def with_postgres_version(
     layout: tuple[list[tuple[object, ...]], list[tuple[object, ...]]],
 ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
     columns, indexes = layout
-    last = max(i for i, column in enumerate(columns) if column[0] == "chatflow_sessions")
-    return [*columns[: last + 1], POSTGRES_VERSION_COLUMN, *columns[last + 1 :]], indexes
+    for table, added in (
+        ("chatflow_messages", POSTGRES_COMPACTED_COLUMN),
+        ("chatflow_sessions", POSTGRES_VERSION_COLUMN),
+    ):
+        last = max(i for i, column in enumerate(columns) if column[0] == table)
+        columns = [*columns[: last + 1], added, *columns[last + 1 :]]
+    return columns, indexes
 
 
 def sqlite_scalar(path: Path, sql: str) -> object:

@@ -304,7 +304,7 @@ async def test_webhook_route(server: FakeTelegramServer, make_adapter: AdapterFa
         good = {"X-Telegram-Bot-Api-Secret-Token": "s3cr-et"}
         response = await client.post(WEBHOOK_PATH, content=b"{not json", headers=good)
         assert response.status_code == 400
-        response = await client.post(WEBHOOK_PATH, json=load("callback_query"), headers=good)
+        response = await client.post(WEBHOOK_PATH, json=load("edited_message"), headers=good)
         assert response.status_code == 200
         assert recorder.calls == 0
 

@@ -36,7 +36,6 @@ IGNORED = [
     "service_new_chat_members",
     "channel_post",
     "automatic_forward",
-    "callback_query",
 ]
 
 
