@@ -35,6 +35,7 @@ from bot.core.buttons import Button
 from bot.core.runner import Runner, RunResult
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
+from bot.core.waiting import wait_any
 from bot.errors import ApprovalError
 from bot.gateway.approval_table import (
     APPROVAL_REF_PREFIX,
@@ -53,7 +54,6 @@ from bot.gateway.contract import MessageEvent
 from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.keys import hash_sender_id
 from bot.gateway.taps import TapInfo, TapOutcome
-from bot.gateway.waiting import wait_any
 from bot.metrics import Metrics
 
 __all__ = [

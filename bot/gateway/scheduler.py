@@ -39,12 +39,12 @@ from bot.core.messages import Message, Role
 from bot.core.scheduling import TABLE, ensure_jobs_schema_in, next_occurrence, scheduled_prompt
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
+from bot.core.waiting import wait_any
 from bot.gateway.contract import ChatType, MessageEvent, SessionSource
 from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.instances import from_epoch
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
-from bot.gateway.waiting import wait_any
 from bot.metrics import Metrics
 
 __all__ = ["POLL_SECONDS", "Scheduler"]

@@ -49,7 +49,6 @@ from bot.gateway.contract import (
     SendResult,
     SessionSource,
 )
-from bot.gateway.waiting import wait_any
 from bot.platforms.text import split_text
 
 __all__ = [
@@ -355,7 +354,16 @@ class ConsoleAdapter(PlatformAdapter):
         holds the rest up for ``piped_idle_seconds`` only."""
         while not self._answered.is_set():
             self._busy.clear()
-            await wait_any(self._piped_idle_seconds, self._answered, self._busy)
+            waiters = {asyncio.ensure_future(e.wait()) for e in (self._answered, self._busy)}
+            try:
+                await asyncio.wait(
+                    waiters,
+                    timeout=self._piped_idle_seconds,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
             if not self._busy.is_set():
                 return
 

@@ -183,7 +183,7 @@ async def graph() -> AsyncIterator[FakeWhatsAppServer]:
         yield server
 
 
-async def test_a_whatsapp_voice_note_is_answered_with_a_voice_note_then_the_text(
+async def test_a_whatsapp_voice_note_is_answered_with_a_voice_note_then_text_or_text_alone(
     tmp_path: Path, graph: FakeWhatsAppServer, openai: FakeOpenAIServer
 ) -> None:
     bot = BotProcess(
@@ -204,6 +204,10 @@ async def test_a_whatsapp_voice_note_is_answered_with_a_voice_note_then_the_text
     try:
         await sender.post_one(sender.single(sender.message("audio", voice)))
         note, text = await graph.wait_for_sent(2, within=20)
+        # Then the speech service fails: the next voice note is answered with text alone.
+        openai.speech.failures = 100
+        await sender.post_one(sender.single(sender.message("audio", voice)))
+        *_, fallback = await graph.wait_for_sent(3, within=20)
     finally:
         await bot.kill()
     assert is_voice_note(note.json) and note.json["audio"]["id"]
@@ -212,3 +216,5 @@ async def test_a_whatsapp_voice_note_is_answered_with_a_voice_note_then_the_text
     assert upload.data == openai.speech.calls[0].audio
     assert note.json["audio"]["id"] == upload.media_id
     assert HEARD in text.json["text"]["body"]
+    assert fallback.json["type"] == "text" and HEARD in fallback.json["text"]["body"]
+    assert len(graph.sent) == 3 and len(openai.speech.calls) == 1
