@@ -131,7 +131,7 @@ async def test_two_processes_send_a_scheduled_message_once(
         openai.call("schedule_message", text=REMINDER, delay_seconds=3), openai.reply(ANSWER)
     )
     asked = await ask(fleet, fleet.bots[0], "remind me in 3 s about the cake")
-    await wait_for_text(fleet, ANSWER, within=20)
+    await wait_for_text(fleet, ANSWER, within=40)  # not what is timed: room for a busy CI
     arrived = await wait_for_text(fleet, REMINDER, within=15)
     assert 3.0 <= arrived - asked <= 15.0, arrived - asked
     await wait_until(lambda: settled(fleet.dsn), within=15)
@@ -153,7 +153,7 @@ async def test_two_processes_run_a_scheduled_turn_once(
         openai.reply(FOLLOWUP),
     )
     asked = await ask(fleet, fleet.bots[0], "check on the cake in 3 s")
-    await wait_for_text(fleet, ANSWER, within=20)
+    await wait_for_text(fleet, ANSWER, within=40)  # not what is timed: room for a busy CI
     arrived = await wait_for_text(fleet, FOLLOWUP, within=15)
     assert 3.0 <= arrived - asked <= 15.0, arrived - asked
     await wait_until(lambda: settled(fleet.dsn), within=15)
@@ -174,7 +174,7 @@ async def test_the_writer_killed_before_the_due_time_the_survivor_sends_it_once(
         openai.call("schedule_message", text=REMINDER, delay_seconds=3), openai.reply(ANSWER)
     )
     asked = await ask(fleet, fleet.bots[0], "remind me in 3 s about the cake")
-    await wait_for_text(fleet, ANSWER, within=20)
+    await wait_for_text(fleet, ANSWER, within=40)  # not what is timed: room for a busy CI
     # The turn that wrote the job answered through its own process's graph.
     ((writer_index, _answer),) = texts(fleet, ANSWER)
     writer = fleet.bots[writer_index]
