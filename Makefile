@@ -20,14 +20,13 @@ check: $(STAMP)
 
 # The console's browser test needs Debian's chromium: installed here when missing (as root).
 # Two workers: most of the suite waits on bot subprocesses, fake servers and PostgreSQL.
-# Work stealing: the long end-to-end files would otherwise end the run on one worker.
 test: check
 	scripts/ensure-chromium.sh
-	$(VENV)/bin/pytest -q -n 2 --dist worksteal
+	$(VENV)/bin/pytest -q -n 2
 
 # The whole suite with a throwaway PostgreSQL server (what .ci/run does).
 test-pg: check
-	scripts/with-postgres.sh $(VENV)/bin/pytest -q -n 2 --dist worksteal
+	scripts/with-postgres.sh $(VENV)/bin/pytest -q -n 2
 
 # PostgreSQL (throwaway server) is there for the multi-process pipeline figure.
 bench: $(STAMP)
