@@ -19,14 +19,15 @@ check: $(STAMP)
 	$(VENV)/bin/mypy bot platforms agents tests bench
 
 # The console's browser test needs Debian's chromium: installed here when missing (as root).
-# Two workers: most of the suite waits on bot subprocesses, fake servers and PostgreSQL.
+# Two workers (the suite is CPU-bound: bot subprocesses, fake servers, PostgreSQL) that
+# steal work, so the long end-to-end files never end the run on one worker.
 test: check
 	scripts/ensure-chromium.sh
-	$(VENV)/bin/pytest -q -n 2
+	$(VENV)/bin/pytest -q -n 2 --dist worksteal
 
 # The whole suite with a throwaway PostgreSQL server (what .ci/run does).
 test-pg: check
-	scripts/with-postgres.sh $(VENV)/bin/pytest -q -n 2
+	scripts/with-postgres.sh $(VENV)/bin/pytest -q -n 2 --dist worksteal
 
 # PostgreSQL (throwaway server) is there for the multi-process pipeline figure.
 bench: $(STAMP)

@@ -211,18 +211,15 @@ class Bot:
         runner: Runner | None = None
         try:
             if store.dialect == "postgres":
-                # Several processes: one secret for all (in the database), leases for liveness.
+                # Several processes: one secret for all (in the database).
                 await store.open()
                 secret = await load_or_create_shared_secret(store)
-                instances = InstanceRegistry(store, lease_seconds=settings.instance_lease_seconds)
-                await instances.start()
-                await check_polling_alone(settings, instances)
             else:
                 secret = await asyncio.to_thread(load_or_create_secret, settings.data_dir)
+            # Importing the operator's agents and the platform libraries blocks the
+            # loop for seconds on a busy host: done before the lease is taken, or the
+            # lease expires unrenewed and another process takes this one's first turns.
             runner = build_runner(settings, store)
-            # Before any platform takes traffic: a required MCP server that cannot
-            # start (within its connect timeout) stops the bot with one line.
-            await runner.connect_mcp_servers()
             adapters = build_adapters(
                 settings,
                 console=self.console,
@@ -230,6 +227,14 @@ class Bot:
                 console_out=self.console_out,
                 web=self.serve_http and settings.console_token is not None,
             )
+            if store.dialect == "postgres":
+                # Leases tell the other processes this one is alive.
+                instances = InstanceRegistry(store, lease_seconds=settings.instance_lease_seconds)
+                await instances.start()
+                await check_polling_alone(settings, instances)
+            # Before any platform takes traffic: a required MCP server that cannot
+            # start (within its connect timeout) stops the bot with one line.
+            await runner.connect_mcp_servers()
             gateway = Gateway(
                 runner,
                 store,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from bot.app import POLLING_CONFLICT_MESSAGE, instance_lock, open_store
@@ -17,7 +18,10 @@ from bot.core.stores.postgres import PostgresSessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import ConfigurationError
 from bot.gateway.instances import InstanceRegistry, Owner
-from tests.pgtest import pg_dsn
+from tests.e2e.botprocess import BotProcess
+from tests.fakes.whatsapp_server import FakeWhatsAppServer
+from tests.fakes.whatsapp_webhook import PHONE_NUMBER_ID
+from tests.pgtest import pg_dsn, wait_until
 
 __all__ = ["pg_dsn"]
 
@@ -100,6 +104,64 @@ def test_run_refuses_long_polling_beside_another_live_process(pg_dsn: str, tmp_p
     assert result.returncode == 2, result.stderr
     assert f"chatflow: configuration error: {POLLING_CONFLICT_MESSAGE}" in result.stderr
     assert "test-token" not in result.stderr
+
+
+SLOW_IMPORT_SECONDS = 3.0
+SLOW_PLATFORM_LIBRARY = f"""
+import importlib.abc, sys, time
+
+class SlowImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "pywa":
+            sys.meta_path.remove(self)
+            time.sleep({SLOW_IMPORT_SECONDS})
+        return None
+
+sys.meta_path.insert(0, SlowImport())
+"""
+
+
+async def test_a_slow_start_does_not_let_the_lease_expire(pg_dsn: str, tmp_path: Path) -> None:
+    """Slow imports (the platform libraries, the operator's agents) come before the lease.
+
+    They block the event loop (here the WhatsApp library takes 3 s, as it can on a
+    busy host), so a lease taken before them expired unrenewed and another process
+    took over this one's first messages as if it had died.
+    """
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SLOW_PLATFORM_LIBRARY, encoding="utf-8")
+    lease = SLOW_IMPORT_SECONDS - 1
+    async with FakeWhatsAppServer(phone_id=PHONE_NUMBER_ID, token="e2e-token") as graph:
+        bot = BotProcess(
+            tmp_path / "data",
+            {
+                "PYTHONPATH": os.pathsep.join((str(ROOT), str(hooks))),
+                "DATABASE_URL": pg_dsn,
+                "INSTANCE_LEASE_SECONDS": str(lease),
+                "WHATSAPP_PHONE_ID": PHONE_NUMBER_ID,
+                "WHATSAPP_TOKEN": "e2e-token",
+                "WHATSAPP_VERIFY_TOKEN": "verify-me",
+                "WHATSAPP_APP_SECRET": "e2e-app-secret",
+                "WHATSAPP_API_BASE_URL": graph.base_url,
+            },
+        )
+        try:
+            await bot.start()
+            conn = await asyncpg.connect(pg_dsn)
+            try:
+                ready = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())")
+
+                async def renewed_since_ready() -> bool:
+                    renewed = await conn.fetchval("SELECT max(renewed_at) FROM chatflow_instances")
+                    return renewed is not None and renewed > ready
+
+                await wait_until(renewed_since_ready, within=10 * lease)
+            finally:
+                await conn.close()
+        finally:
+            await bot.stop()
+    assert not [line for line in bot.log if "lease that had expired" in line], bot.log
 
 
 def test_doctor_checks_a_postgres_database(pg_dsn: str, tmp_path: Path) -> None:

@@ -102,6 +102,47 @@ It must only run SQL on that transaction: on SQLite the whole save runs in one
 go on the database thread, and a hook that awaits anything else fails the turn."""
 
 
+@dataclass
+class _Turn:
+    """What one turn gathers on its way to its ``RunResult``."""
+
+    session: SessionContext
+    calls_out: list[CallUsage] | None
+    """The caller's list: each model call as it returns, also when the turn then fails."""
+    new_messages: list[Message] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    calls: list[CallUsage] = field(default_factory=list)
+    attachments: list[OutgoingPart] = field(default_factory=list)
+    effects: list[object] = field(default_factory=list)
+    buttons: tuple[Button, ...] = ()
+
+    def add(self, message: Message) -> None:
+        self.session.add_message(message)
+        self.new_messages.append(message)
+
+    def called(self, call: CallUsage) -> None:
+        self.usage = self.usage + call.usage
+        self.calls.append(call)
+        if self.calls_out is not None:
+            self.calls_out.append(call)
+
+    def result(
+        self, content: str, agent: Agent, pending: PendingApproval | None = None
+    ) -> RunResult:
+        return RunResult(
+            content=content,
+            agent=agent.name,
+            session_id=self.session.session_id,
+            new_messages=self.new_messages,
+            usage=self.usage,
+            calls=self.calls,
+            attachments=self.attachments,
+            effects=self.effects,
+            buttons=self.buttons if pending is None else approval_buttons(pending),
+            pending_approval=pending,
+        )
+
+
 class Runner:
     """Runs turns for a graph of agents against a session store.
 
@@ -427,41 +468,25 @@ class Runner:
         stream: ReplyStream | None = None,
         calls_out: list[CallUsage] | None = None,
     ) -> RunResult:
-        new_messages: list[Message] = []
-        model_calls: list[CallUsage] = []
-
-        def add(message: Message) -> None:
-            session.add_message(message)
-            new_messages.append(message)
-
+        turn = _Turn(session, calls_out)
         resume = _resuming.get()
         _resuming.set(None)  # one turn only: a tool's own run_async starts a normal turn
         if resume is None:
-            add(
+            turn.add(
                 Message(
                     role=Role.USER,
                     content=(user_message or None) if parts else user_message,
                     parts=list(parts),
                 )
             )
+        else:
+            await self._decided_call(turn, resume, inbound_message_id)
         has_image = any(isinstance(part, ImagePart) for part in parts)
-        attachments: list[OutgoingPart] = []
-        buttons: tuple[Button, ...] = ()
-        effects: list[object] = []
-        if resume is not None:
-            buttons = await self._decided_call(
-                session, resume, inbound_message_id, add, attachments, effects
-            )
-        usage = Usage()
         tool_rounds = 0
         while True:
             agent = session.active_agent
             response = await self._call_model(session, agent, stream)
-            usage = usage + response.usage
-            call_usage = CallUsage("chat", self._models[agent.name][1], agent.name, response.usage)
-            model_calls.append(call_usage)
-            if calls_out is not None:
-                calls_out.append(call_usage)
+            turn.called(CallUsage("chat", self._models[agent.name][1], agent.name, response.usage))
             calls, invalid = _unique_ids(response.tool_calls, response.invalid_tool_calls)
             if not calls and not (response.content or "").strip():
                 # No adapter can send a blank reply: committing it would leave the
@@ -475,10 +500,12 @@ class Runner:
                 agent,
                 calls,
                 invalid,
-                functools.partial(self._tool_context, session, agent, inbound_message_id, effects),
+                functools.partial(
+                    self._tool_context, session, agent, inbound_message_id, turn.effects
+                ),
             )
             if calls or pending is None:
-                add(
+                turn.add(
                     Message(
                         role=Role.MODEL,
                         content=response.content,
@@ -487,25 +514,13 @@ class Runner:
                     )
                 )
             if not calls and pending is not None:
-                return self._paused(
-                    session, agent, pending, new_messages, usage, model_calls, attachments, effects
-                )
+                return self._paused(turn, agent, pending)
             if not calls:
                 content = response.content or ""
                 if has_image and not agent.vision:
                     # Said plainly here, not left to a model that was never shown the image.
                     content = f"{NO_VISION_NOTE}\n\n{content}"
-                return RunResult(
-                    content=content,
-                    agent=agent.name,
-                    session_id=session.session_id,
-                    new_messages=new_messages,
-                    usage=usage,
-                    calls=model_calls,
-                    attachments=attachments,
-                    effects=effects,
-                    buttons=buttons,
-                )
+                return turn.result(content, agent)
             tool_rounds += 1
             handed_off = False
             for call in calls:
@@ -516,11 +531,8 @@ class Runner:
                     invalid.get(call.id),
                     inbound_message_id,
                     handed_off,
-                    effects,
+                    turn.effects,
                 )
-                text, files = await self._tool_files.keep(output)  # bytes to the media store
-                attachments.extend(files)
-                text, buttons = offer_buttons(output, text, buttons)
                 if target is not None:
                     handed_off = True
                     logger.info(
@@ -530,20 +542,27 @@ class Runner:
                         target.name,
                     )
                     session.active_agent = target
-                add(
-                    Message(
-                        role=Role.TOOL,
-                        content=text,
-                        tool_call_id=call.id,
-                        name=call.name,
-                        agent=agent.name,
-                        parts=list(files),
-                    )
-                )
+                await self._add_result(turn, agent, call, output)
             if pending is not None:  # the other calls of that answer ran; now wait
-                return self._paused(
-                    session, agent, pending, new_messages, usage, model_calls, attachments, effects
-                )
+                return self._paused(turn, agent, pending)
+
+    async def _add_result(
+        self, turn: _Turn, agent: Agent, call: ToolCall, output: str | ToolOutput
+    ) -> None:
+        """The call's result joins the history; its files and buttons join the turn's."""
+        text, files = await self._tool_files.keep(output)  # bytes to the media store
+        turn.attachments.extend(files)
+        text, turn.buttons = offer_buttons(output, text, turn.buttons)
+        turn.add(
+            Message(
+                role=Role.TOOL,
+                content=text,
+                tool_call_id=call.id,
+                name=call.name,
+                agent=agent.name,
+                parts=list(files),
+            )
+        )
 
     def _tool_context(
         self,
@@ -562,78 +581,38 @@ class Runner:
             services=MappingProxyType(self.tool_services),
         )
 
-    def _paused(
-        self,
-        session: SessionContext,
-        agent: Agent,
-        pending: PendingApproval,
-        new_messages: list[Message],
-        usage: Usage,
-        model_calls: list[CallUsage],
-        attachments: list[OutgoingPart],
-        effects: list[object],
-    ) -> RunResult:
+    def _paused(self, turn: _Turn, agent: Agent, pending: PendingApproval) -> RunResult:
         """End the turn on ``pending``: the question joins the history as the agent's
         message; the call itself is added with its result once decided."""
         prompt = approval_prompt(pending)
-        message = Message(role=Role.MODEL, content=prompt, agent=agent.name)
-        session.add_message(message)
-        new_messages.append(message)
+        turn.add(Message(role=Role.MODEL, content=prompt, agent=agent.name))
         logger.info(
             "Tool %s in session %s waits for approval %s",
             pending.tool_name,
-            log_session_id(session.session_id),
+            log_session_id(turn.session.session_id),
             pending.approval_id,
         )
-        return RunResult(
-            content=prompt,
-            agent=agent.name,
-            session_id=session.session_id,
-            new_messages=new_messages,
-            usage=usage,
-            calls=model_calls,
-            attachments=attachments,
-            effects=effects,
-            buttons=approval_buttons(pending),
-            pending_approval=pending,
-        )
+        return turn.result(prompt, agent, pending)
 
     async def _decided_call(
         self,
-        session: SessionContext,
+        turn: _Turn,
         resume: tuple[PendingApproval, ApprovalDecision],
         inbound_message_id: str | None,
-        add: Callable[[Message], None],
-        attachments: list[OutgoingPart],
-        effects: list[object],
-    ) -> tuple[Button, ...]:
-        """Add the decided call and its result to the history; the buttons its output offers."""
+    ) -> None:
+        """Add the decided call and its result (run now if approved) to the turn."""
         pending, decision = resume
-        agent = self._agents.get(pending.agent) or session.active_agent
+        agent = self._agents.get(pending.agent) or turn.session.active_agent
         call = ToolCall(id=pending.call_id, name=pending.tool_name, arguments=pending.arguments)
-        add(Message(role=Role.MODEL, content=None, tool_calls=[call], agent=agent.name))
-        buttons: tuple[Button, ...] = ()
-        files: list[OutgoingPart] = []
+        turn.add(Message(role=Role.MODEL, content=None, tool_calls=[call], agent=agent.name))
+        output: str | ToolOutput
         if decision == "approved":
             output, _ = await self._run_call(
-                session, agent, call, None, inbound_message_id, True, effects
+                turn.session, agent, call, None, inbound_message_id, True, turn.effects
             )
-            text, files = await self._tool_files.keep(output)
-            attachments.extend(files)
-            text, buttons = offer_buttons(output, text, buttons)
         else:
-            text = decision_result(decision)
-        add(
-            Message(
-                role=Role.TOOL,
-                content=text,
-                tool_call_id=call.id,
-                name=call.name,
-                agent=agent.name,
-                parts=list(files),
-            )
-        )
-        return buttons
+            output = decision_result(decision)
+        await self._add_result(turn, agent, call, output)
 
     async def _call_model(
         self, session: SessionContext, agent: Agent, stream: ReplyStream | None

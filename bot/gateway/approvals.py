@@ -176,8 +176,14 @@ class Approvals:
                 now + self.ttl_seconds,
             ),
         )
+
+    def committed(self, result: RunResult) -> None:
+        """After a turn's commit: count the approval it asked for (a rolled-back tx 2
+        asked for none) and let the timer learn its expiry."""
+        if result.pending_approval is None:
+            return
         self._metrics.approvals.labels("requested").inc()
-        self._wake.set()  # the timer learns the new expiry time
+        self._wake.set()
 
     # -- decisions ---------------------------------------------------------------
 

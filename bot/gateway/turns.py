@@ -272,7 +272,7 @@ class Turns:
             run: Callable[..., Awaitable[RunResult]] = self.runner.run_async
             if self.approvals is not None and self.approvals.continues(entry):
                 run = self.approvals.continuation(entry)  # a decided approval's turn
-            await run(
+            result = await run(
                 entry.session_id,
                 text,
                 metadata,
@@ -283,6 +283,8 @@ class Turns:
                 calls=calls,
             )
             committed = True
+            if self.approvals is not None:
+                self.approvals.committed(result)
         except asyncio.CancelledError:
             if task is None or task not in self._stopped or task.uncancel() > 0:
                 raise  # a stop of the gateway, not (only) a takeover

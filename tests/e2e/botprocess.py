@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = "HTTP server listening on"
@@ -23,6 +24,9 @@ def free_port() -> int:
 
 class BotProcess:
     """Starts, kills and restarts the bot with one data directory and one environment."""
+
+    made: ClassVar[list[BotProcess]] = []
+    """Every bot made in the running test (its log is shown when the test fails)."""
 
     def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
         self.data_dir = data_dir
@@ -41,6 +45,7 @@ class BotProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.log: list[str] = []
         self._reader: asyncio.Task[None] | None = None
+        BotProcess.made.append(self)
 
     @property
     def url(self) -> str:

@@ -8,11 +8,35 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Generator, Iterator
 
 import pytest
 
 from tests.e2e import proof_report
+from tests.e2e.botprocess import BotProcess
 from tests.e2e.proof_world import FULL, SEED
+
+LOG_LINES_SHOWN = 200
+
+
+@pytest.fixture(autouse=True)
+def _bots_of_this_test() -> Iterator[None]:
+    BotProcess.made.clear()
+    yield
+    BotProcess.made.clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed end-to-end test shows the end of each bot's log: why it did not answer."""
+    report = yield
+    if report.when == "call" and report.failed:
+        for index, bot in enumerate(BotProcess.made):
+            tail = bot.log[-LOG_LINES_SHOWN:]
+            report.sections.append((f"bot {index} log ({bot.data_dir.name})", "\n".join(tail)))
+    return report
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -8,6 +8,7 @@ tool's runs are counted in ``DATA_DIR/refunds.log``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,12 +20,15 @@ from bot.core.approvals import DECLINED_RESULT, EXPIRED_RESULT
 from bot.gateway.approvals import NOT_YOURS
 from bot.gateway.taps import EXPIRED_NOTICE
 from tests.e2e.botprocess import BotProcess
+from tests.e2e.telegram_bot_fixtures import telegram
 from tests.e2e.test_media_bots import telegram_update
 from tests.fakes.approval_agents import runs
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
 from tests.fakes.whatsapp_webhook import PHONE_NUMBER_ID, WebhookSender
+
+__all__ = ["telegram"]  # the fixture, imported for this module's tests
 
 APP_SECRET = "e2e-approvals-secret"
 ALICE = 111111111
@@ -51,6 +55,19 @@ def telegram_env(
     )
 
 
+@contextlib.asynccontextmanager
+async def running(
+    tmp_path: Path, openai: FakeOpenAIServer, telegram: FakeTelegramServer, **more: str
+) -> AsyncIterator[BotProcess]:
+    """The approvals bot polling ``telegram``, started; SIGKILLed afterwards."""
+    bot = BotProcess(tmp_path / "data", telegram_env(openai, telegram, **more))
+    await bot.start()
+    try:
+        yield bot
+    finally:
+        await bot.kill()
+
+
 @pytest.fixture
 async def openai() -> AsyncIterator[FakeOpenAIServer]:
     async with FakeOpenAIServer() as server:
@@ -73,25 +90,20 @@ def ask(openai: FakeOpenAIServer, *then: str) -> None:
 
 
 async def test_telegram_approve_runs_the_tool_once_and_the_answer_arrives(
-    tmp_path: Path, openai: FakeOpenAIServer
+    tmp_path: Path, openai: FakeOpenAIServer, telegram: FakeTelegramServer
 ) -> None:
     ask(openai, "Refunded 25 on order 1001.")
-    async with FakeTelegramServer() as telegram:
-        bot = BotProcess(tmp_path / "data", telegram_env(openai, telegram))
-        await bot.start()
-        try:
-            telegram.push_update(telegram_update("private_text", 1, text="refund order 1001"))
-            (question,) = await telegram.wait_for_sent(1, within=20)
-            keyboard = labels(telegram, ALICE, question.message_id)
-            assert runs(bot.data_dir) == []
-            telegram.buttons.tap(ALICE, question.message_id, "Approve")
-            await telegram.buttons.wait_for_answers(1, within=20)
-            (_, answer) = await telegram.wait_for_sent(2, within=20)
-            # A second tap on the used keyboard (a double tap) changes nothing.
-            telegram.buttons.tap(ALICE, question.message_id, "Deny")
-            answers = await telegram.buttons.wait_for_answers(2, within=20)
-        finally:
-            await bot.kill()
+    async with running(tmp_path, openai, telegram) as bot:
+        telegram.push_update(telegram_update("private_text", 1, text="refund order 1001"))
+        (question,) = await telegram.wait_for_sent(1, within=20)
+        keyboard = labels(telegram, ALICE, question.message_id)
+        assert runs(bot.data_dir) == []
+        telegram.buttons.tap(ALICE, question.message_id, "Approve")
+        await telegram.buttons.wait_for_answers(1, within=20)
+        (_, answer) = await telegram.wait_for_sent(2, within=20)
+        # A second tap on the used keyboard (a double tap) changes nothing.
+        telegram.buttons.tap(ALICE, question.message_id, "Deny")
+        answers = await telegram.buttons.wait_for_answers(2, within=20)
     assert question.text == QUESTION
     assert keyboard == ["Approve", "Deny"]
     assert [a.get("text") for a in answers] == ["Approved.", EXPIRED_NOTICE]
@@ -103,48 +115,38 @@ async def test_telegram_approve_runs_the_tool_once_and_the_answer_arrives(
 
 
 async def test_telegram_deny_tells_the_model_the_user_declined(
-    tmp_path: Path, openai: FakeOpenAIServer
+    tmp_path: Path, openai: FakeOpenAIServer, telegram: FakeTelegramServer
 ) -> None:
     ask(openai, "OK, I did not refund it.")
-    async with FakeTelegramServer() as telegram:
-        bot = BotProcess(tmp_path / "data", telegram_env(openai, telegram))
-        await bot.start()
-        try:
-            telegram.push_update(telegram_update("private_text", 1, text="refund order 1001"))
-            (question,) = await telegram.wait_for_sent(1, within=20)
-            telegram.buttons.tap(ALICE, question.message_id, "Deny")
-            (answer,) = await telegram.buttons.wait_for_answers(1, within=20)
-            await telegram.wait_for_sent(2, within=20)
-        finally:
-            await bot.kill()
+    async with running(tmp_path, openai, telegram) as bot:
+        telegram.push_update(telegram_update("private_text", 1, text="refund order 1001"))
+        (question,) = await telegram.wait_for_sent(1, within=20)
+        telegram.buttons.tap(ALICE, question.message_id, "Deny")
+        (answer,) = await telegram.buttons.wait_for_answers(1, within=20)
+        await telegram.wait_for_sent(2, within=20)
     assert answer.get("text") == "Denied."
     assert tool_results(openai) == [DECLINED_RESULT]
     assert runs(bot.data_dir) == []
 
 
 async def test_telegram_another_group_member_is_refused_and_nothing_runs(
-    tmp_path: Path, openai: FakeOpenAIServer
+    tmp_path: Path, openai: FakeOpenAIServer, telegram: FakeTelegramServer
 ) -> None:
     ask(openai, "Refunded.")
-    async with FakeTelegramServer() as telegram:
-        bot = BotProcess(tmp_path / "data", telegram_env(openai, telegram))
-        await bot.start()
-        try:
-            telegram.push_update(
-                telegram_update("group_mention", 1, text="🙂 @chatflow_test_bot refund 1001")
-            )
-            (question,) = await telegram.wait_for_sent(1, within=20)
-            telegram.buttons.tap(GROUP, question.message_id, "Approve", from_id=222222222)
-            (refusal,) = await telegram.buttons.wait_for_answers(1, within=20)
-            requests_after_refusal = len(openai.chat_requests)
-            runs_after_refusal = runs(bot.data_dir)
-            keyboard_after_refusal = labels(telegram, GROUP, question.message_id)
-            # The keyboard stayed usable: the person who asked approves.
-            telegram.buttons.tap(GROUP, question.message_id, "Approve", from_id=ALICE)
-            await telegram.buttons.wait_for_answers(2, within=20)
-            await telegram.wait_for_sent(2, within=20)
-        finally:
-            await bot.kill()
+    async with running(tmp_path, openai, telegram) as bot:
+        telegram.push_update(
+            telegram_update("group_mention", 1, text="🙂 @chatflow_test_bot refund 1001")
+        )
+        (question,) = await telegram.wait_for_sent(1, within=20)
+        telegram.buttons.tap(GROUP, question.message_id, "Approve", from_id=222222222)
+        (refusal,) = await telegram.buttons.wait_for_answers(1, within=20)
+        requests_after_refusal = len(openai.chat_requests)
+        runs_after_refusal = runs(bot.data_dir)
+        keyboard_after_refusal = labels(telegram, GROUP, question.message_id)
+        # The keyboard stayed usable: the person who asked approves.
+        telegram.buttons.tap(GROUP, question.message_id, "Approve", from_id=ALICE)
+        await telegram.buttons.wait_for_answers(2, within=20)
+        await telegram.wait_for_sent(2, within=20)
     assert refusal.get("text") == NOT_YOURS
     assert requests_after_refusal == 1 and runs_after_refusal == []
     assert keyboard_after_refusal == ["Approve", "Deny"]  # not removed, still usable
@@ -152,22 +154,15 @@ async def test_telegram_another_group_member_is_refused_and_nothing_runs(
 
 
 async def test_telegram_unanswered_approval_expires_and_the_model_hears_it(
-    tmp_path: Path, openai: FakeOpenAIServer
+    tmp_path: Path, openai: FakeOpenAIServer, telegram: FakeTelegramServer
 ) -> None:
     ask(openai, "No answer, so nothing was refunded.")
-    async with FakeTelegramServer() as telegram:
-        bot = BotProcess(
-            tmp_path / "data", telegram_env(openai, telegram, APPROVAL_TTL_SECONDS="1")
-        )
-        await bot.start()
-        try:
-            telegram.push_update(telegram_update("private_text", 1, text="refund order 1001"))
-            (question,) = await telegram.wait_for_sent(1, within=20)
-            (_, answer) = await telegram.wait_for_sent(2, within=30)
-            telegram.buttons.tap(ALICE, question.message_id, "Approve")
-            (late,) = await telegram.buttons.wait_for_answers(1, within=20)
-        finally:
-            await bot.kill()
+    async with running(tmp_path, openai, telegram, APPROVAL_TTL_SECONDS="1") as bot:
+        telegram.push_update(telegram_update("private_text", 1, text="refund order 1001"))
+        (question,) = await telegram.wait_for_sent(1, within=20)
+        (_, answer) = await telegram.wait_for_sent(2, within=30)
+        telegram.buttons.tap(ALICE, question.message_id, "Approve")
+        (late,) = await telegram.buttons.wait_for_answers(1, within=20)
     assert answer.text == "No answer, so nothing was refunded."
     assert tool_results(openai) == [EXPIRED_RESULT]
     assert late.get("text") in ("This request has expired.", EXPIRED_NOTICE)  # either refusal
@@ -175,27 +170,22 @@ async def test_telegram_unanswered_approval_expires_and_the_model_hears_it(
 
 
 async def test_telegram_approved_after_a_sigkill_and_restart(
-    tmp_path: Path, openai: FakeOpenAIServer
+    tmp_path: Path, openai: FakeOpenAIServer, telegram: FakeTelegramServer
 ) -> None:
     ask(openai, "Refunded after all.")
-    async with FakeTelegramServer() as telegram:
-        bot = BotProcess(tmp_path / "data", telegram_env(openai, telegram))
+    async with running(tmp_path, openai, telegram) as bot:
+        telegram.push_update(telegram_update("private_text", 1, text="refund order 1001"))
+        (question,) = await telegram.wait_for_sent(1, within=20)
+        await bot.kill()  # SIGKILL: the approval lives only in the database now
         await bot.start()
-        try:
-            telegram.push_update(telegram_update("private_text", 1, text="refund order 1001"))
-            (question,) = await telegram.wait_for_sent(1, within=20)
-            await bot.kill()  # SIGKILL: the approval lives only in the database now
-            await bot.start()
-            telegram.buttons.tap(ALICE, question.message_id, "Approve")
-            (approved,) = await telegram.buttons.wait_for_answers(1, within=20)
-            # The question may be resent once (with the marker) if the kill came before
-            # its delivery was recorded; the answer follows either way.
-            sent = await telegram.wait_for_sent(2, within=20)
-            if sent[-1].text != "Refunded after all.":
-                sent = await telegram.wait_for_sent(3, within=20)
-            answer = sent[-1]
-        finally:
-            await bot.kill()
+        telegram.buttons.tap(ALICE, question.message_id, "Approve")
+        (approved,) = await telegram.buttons.wait_for_answers(1, within=20)
+        # The question may be resent once (with the marker) if the kill came before
+        # its delivery was recorded; the answer follows either way.
+        sent = await telegram.wait_for_sent(2, within=20)
+        if sent[-1].text != "Refunded after all.":
+            sent = await telegram.wait_for_sent(3, within=20)
+        answer = sent[-1]
     assert approved.get("text") == "Approved."
     assert answer.text == "Refunded after all."
     assert len(runs(bot.data_dir)) == 1

@@ -19,13 +19,12 @@ import asyncpg
 import pytest
 
 from tests.e2e.botprocess import BotProcess
-from tests.e2e.test_multiprocess_pg import APP_SECRET, Fleet, new_bot, whatsapp_env
-from tests.e2e.test_scheduled_pg import settled, wait_for_text
+from tests.e2e.test_multiprocess_pg import APP_SECRET, Fleet, started_fleet
+from tests.e2e.test_scheduled_pg import model_env, settled, wait_for_text
 from tests.fakes.approval_agents import runs
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.fakes.whatsapp_server import FakeWhatsAppServer
-from tests.fakes.whatsapp_webhook import PHONE_NUMBER_ID, WebhookSender
-from tests.pgtest import fresh_schema, wait_until
+from tests.fakes.whatsapp_webhook import WebhookSender
+from tests.pgtest import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -42,31 +41,16 @@ async def openai() -> AsyncIterator[FakeOpenAIServer]:
 @pytest.fixture
 async def fleet(tmp_path: Path, openai: FakeOpenAIServer) -> AsyncIterator[Fleet]:
     """Two bots on one fresh schema, started; killed afterwards."""
-    async with fresh_schema() as dsn:
-        made = Fleet(dsn)
-        try:
-            for index in range(2):
-                graph = FakeWhatsAppServer(phone_id=PHONE_NUMBER_ID, token=TOKEN)
-                made.graphs.append(graph)
-                await graph.start()
-                graph.on_send = lambda _request: made.changed.set()
-                env = whatsapp_env(
-                    graph,
-                    dsn,
-                    OPENAI_API_KEY=openai.api_key,
-                    OPENAI_BASE_URL=openai.base_url,
-                    DEFAULT_MODEL="gpt-test",
-                    AGENTS_MODULE="tests.fakes.approval_agents",
-                    STREAM_REPLIES="false",
-                )
-                made.bots.append(new_bot(tmp_path / f"bot{index}", env))
-            await asyncio.gather(*(bot.start() for bot in made.bots))
-            yield made
-        finally:
-            for bot in made.bots:
-                await bot.kill()
-            for graph in made.graphs:
-                await graph.stop()
+    async with started_fleet(
+        tmp_path,
+        2,
+        {
+            **model_env(openai),
+            "AGENTS_MODULE": "tests.fakes.approval_agents",
+            "STREAM_REPLIES": "false",
+        },
+    ) as made:
+        yield made
 
 
 def sender(bot: BotProcess) -> WebhookSender:

@@ -123,6 +123,36 @@ class Fleet:
             raise AssertionError(f"unanswered: {missing}\n{state}\n{logs}") from None
 
 
+@contextlib.asynccontextmanager
+async def started_fleet(
+    tmp_path: Path,
+    count: int,
+    env: dict[str, str],
+    prepare: Callable[[FakeWhatsAppServer], None] | None = None,
+) -> AsyncIterator[Fleet]:
+    """``count`` bots on one fresh schema, each with its own fake Graph API (``prepare``d
+    before its bot starts) and ``env``; started, and killed afterwards."""
+    async with fresh_schema() as dsn:
+        made = Fleet(dsn)
+        try:
+            for index in range(count):
+                graph = FakeWhatsAppServer(phone_id=PHONE_NUMBER_ID, token=TOKEN)
+                made.graphs.append(graph)
+                await graph.start()
+                if prepare is not None:
+                    prepare(graph)
+                graph.on_send = lambda _request: made.changed.set()
+                bot_env = whatsapp_env(graph, dsn, **env)
+                made.bots.append(new_bot(tmp_path / f"bot{index}", bot_env))
+            await asyncio.gather(*(bot.start() for bot in made.bots))
+            yield made
+        finally:
+            for bot in made.bots:
+                await bot.kill()
+            for graph in made.graphs:
+                await graph.stop()
+
+
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
     async with fresh_schema() as dsn, contextlib.AsyncExitStack() as stack:

@@ -21,11 +21,11 @@ import asyncpg
 import pytest
 
 from tests.e2e.botprocess import BotProcess
-from tests.e2e.test_multiprocess_pg import APP_SECRET, Fleet, new_bot, whatsapp_env
+from tests.e2e.test_multiprocess_pg import APP_SECRET, Fleet, started_fleet
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.fakes.whatsapp_server import FakeWhatsAppServer, RecordedRequest
-from tests.fakes.whatsapp_webhook import PHONE_NUMBER_ID, USER_WA_ID, WebhookSender
-from tests.pgtest import fresh_schema, wait_until
+from tests.fakes.whatsapp_webhook import USER_WA_ID, WebhookSender
+from tests.pgtest import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -43,33 +43,21 @@ async def openai() -> AsyncIterator[FakeOpenAIServer]:
         yield server
 
 
+def model_env(openai: FakeOpenAIServer) -> dict[str, str]:
+    """The bots' settings for the shared scripted fake model."""
+    return {
+        "OPENAI_API_KEY": openai.api_key,
+        "OPENAI_BASE_URL": openai.base_url,
+        "DEFAULT_MODEL": "gpt-test",
+    }
+
+
 @pytest.fixture
 async def fleet(tmp_path: Path, openai: FakeOpenAIServer) -> AsyncIterator[Fleet]:
     """``PROCESSES`` reminder bots on one fresh schema, started; killed afterwards."""
-    async with fresh_schema() as dsn:
-        made = Fleet(dsn)
-        try:
-            for index in range(PROCESSES):
-                graph = FakeWhatsAppServer(phone_id=PHONE_NUMBER_ID, token=TOKEN)
-                made.graphs.append(graph)
-                await graph.start()
-                graph.on_send = lambda _request: made.changed.set()
-                env = whatsapp_env(
-                    graph,
-                    dsn,
-                    OPENAI_API_KEY=openai.api_key,
-                    OPENAI_BASE_URL=openai.base_url,
-                    DEFAULT_MODEL="gpt-test",
-                    AGENTS_MODULE="agents.reminders",
-                )
-                made.bots.append(new_bot(tmp_path / f"bot{index}", env))
-            await asyncio.gather(*(bot.start() for bot in made.bots))
-            yield made
-        finally:
-            for bot in made.bots:
-                await bot.kill()
-            for graph in made.graphs:
-                await graph.stop()
+    env = {**model_env(openai), "AGENTS_MODULE": "agents.reminders"}
+    async with started_fleet(tmp_path, PROCESSES, env) as made:
+        yield made
 
 
 def texts(fleet: Fleet, body: str) -> list[tuple[int, RecordedRequest]]:
@@ -224,37 +212,19 @@ async def test_a_closed_window_reply_goes_out_once_as_the_template(
 ) -> None:
     """Meta refuses free-form text (131047): whichever process answers sends the template
     once, through the same ledger row."""
-    async with fresh_schema() as dsn:
-        fleet = Fleet(dsn)
-        try:
-            for index in range(PROCESSES):
-                graph = FakeWhatsAppServer(phone_id=PHONE_NUMBER_ID, token=TOKEN)
-                fleet.graphs.append(graph)
-                await graph.start()
-                graph.close_window(USER_WA_ID)
-                graph.on_send = lambda _request: fleet.changed.set()
-                env = whatsapp_env(
-                    graph,
-                    dsn,
-                    OPENAI_API_KEY=openai.api_key,
-                    OPENAI_BASE_URL=openai.base_url,
-                    DEFAULT_MODEL="gpt-test",
-                    WHATSAPP_TEMPLATE_NAME="order_update",
-                )
-                fleet.bots.append(new_bot(tmp_path / f"bot{index}", env))
-            await asyncio.gather(*(bot.start() for bot in fleet.bots))
-            openai.add(openai.reply(ANSWER))
-            await ask(fleet, fleet.bots[1], "where is my parcel?")
-            async with asyncio.timeout(20):
-                while not any(graph.templates for graph in fleet.graphs):
-                    fleet.changed.clear()
-                    await fleet.changed.wait()
-            await wait_until(lambda: settled(dsn), within=15)
-            templates = [t for graph in fleet.graphs for t in graph.templates]
-            assert [FakeWhatsAppServer.template_texts(t) for t in templates] == [[ANSWER]]
-            assert texts(fleet, ANSWER) == []  # never accepted as free-form text
-        finally:
-            for bot in fleet.bots:
-                await bot.kill()
-            for graph in fleet.graphs:
-                await graph.stop()
+    async with started_fleet(
+        tmp_path,
+        PROCESSES,
+        {**model_env(openai), "WHATSAPP_TEMPLATE_NAME": "order_update"},
+        prepare=lambda graph: graph.close_window(USER_WA_ID),
+    ) as fleet:
+        openai.add(openai.reply(ANSWER))
+        await ask(fleet, fleet.bots[1], "where is my parcel?")
+        async with asyncio.timeout(20):
+            while not any(graph.templates for graph in fleet.graphs):
+                fleet.changed.clear()
+                await fleet.changed.wait()
+        await wait_until(lambda: settled(fleet.dsn), within=15)
+        templates = [t for graph in fleet.graphs for t in graph.templates]
+        assert [FakeWhatsAppServer.template_texts(t) for t in templates] == [[ANSWER]]
+        assert texts(fleet, ANSWER) == []  # never accepted as free-form text

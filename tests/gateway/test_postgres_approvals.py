@@ -20,7 +20,8 @@ from bot.gateway.approvals import approval_rows
 from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry, Owner
 from tests.fakes.adapter import make_event
-from tests.gateway.test_approvals import ButtonAdapter, refund, refunds
+from tests.fakes.button_adapter import ButtonAdapter
+from tests.gateway.test_approvals import refund, refunds
 from tests.pgtest import pg_dsn
 
 __all__ = ["pg_dsn"]

@@ -391,7 +391,11 @@ async def test_a_stalled_process_loses_its_turn_to_the_one_that_took_it_over(
 
 
 async def _recovered_by(node: Node) -> bool:
-    return len(node.model.requests) > 0 or await node.gateway.take_over() > 0
+    """The message is ``node``'s: taken over here or by its own sweep (whichever came first)."""
+    await node.gateway.take_over()
+    async with node.gateway.store.transaction() as tx:
+        row = await tx.fetchone("SELECT owner_instance FROM chatflow_inbox")
+    return row is not None and row[0] == node.registry.owner.instance_id
 
 
 async def _only_session(node: Node) -> str:

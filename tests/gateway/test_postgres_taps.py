@@ -20,7 +20,7 @@ from bot.gateway.instances import InstanceRegistry, Owner
 from bot.gateway.ledger.keyboards import TABLE as BUTTONS_TABLE
 from bot.gateway.taps import EXPIRED_NOTICE
 from tests.fakes.adapter import make_event
-from tests.gateway.test_taps import ButtonAdapter
+from tests.fakes.button_adapter import ButtonAdapter
 from tests.pgtest import pg_dsn
 
 __all__ = ["pg_dsn"]

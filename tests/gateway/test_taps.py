@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,14 @@ from bot.config import Settings
 from bot.core.messages import Role
 from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.sqlite import SQLiteSessionStore
-from bot.gateway.contract import MessageEvent, OutgoingButton, SendResult
+from bot.gateway.contract import MessageEvent, OutgoingButton
 from bot.gateway.events import event_from_dict, event_to_dict
 from bot.gateway.gateway import Gateway
 from bot.gateway.ledger.keyboards import TABLE as BUTTONS_TABLE
 from bot.gateway.ledger.obligations import TABLE
 from bot.gateway.taps import EXPIRED_NOTICE, FAILED_NOTICE, TapInfo, TapOutcome, tap_text
 from tests.fakes.adapter import FakeAdapter, make_event
+from tests.fakes.button_adapter import ButtonAdapter
 from tests.fakes.clock import FakeClock
 
 SECRET = b"k" * 32
@@ -41,34 +42,6 @@ def ask_size() -> ToolOutput:
 def ask_approval() -> ToolOutput:
     """Offer an approval keyboard."""
     return ToolOutput("asked", buttons=[Button("Approve", value="test-intercept:yes:1")])
-
-
-class ButtonAdapter(FakeAdapter):
-    """A fake channel that shows buttons and records tap answers and removed keyboards."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.keyboards: list[list[OutgoingButton]] = []
-        self.answers: list[tuple[str, str | None]] = []
-        self.removed: list[str] = []
-
-    async def send_with_buttons(
-        self,
-        chat_id: str,
-        text: str,
-        buttons: Sequence[OutgoingButton],
-        *,
-        thread_id: str | None = None,
-        reply_to: str | None = None,
-    ) -> SendResult:
-        self.keyboards.append(list(buttons))
-        return await self.send(chat_id, text, thread_id=thread_id, reply_to=reply_to)
-
-    async def answer_tap(self, event: MessageEvent, notice: str | None) -> None:
-        self.answers.append((event.message_id, notice))
-
-    async def remove_keyboard(self, event: MessageEvent) -> None:
-        self.removed.append(event.keyboard_message_id or "")
 
 
 @dataclass

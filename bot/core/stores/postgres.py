@@ -38,6 +38,7 @@ Errors
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -375,10 +376,11 @@ class PostgresSessionStore(SQLSessionStore):
             await self._release(pool, conn)
 
     async def _release(self, pool: asyncpg.Pool, conn: _Conn) -> None:
-        try:
-            await asyncio.shield(pool.release(conn))
-        except (asyncio.CancelledError, *_DB_ERRORS):
-            conn.terminate()
+        # asyncpg shields the release from cancellation (which goes on to the caller)
+        # and closes a connection it cannot reset, so the pool never gets one back
+        # mid-transaction; a failed reset leaves nothing more to do here.
+        with contextlib.suppress(*_DB_ERRORS):
+            await pool.release(conn)
 
     # -- session locks ---------------------------------------------------------------
 

@@ -346,6 +346,44 @@ async def test_a_cancelled_wait_leaves_no_lock_behind(pg_dsn: str) -> None:
         await until(lambda: _no_locks(one, pg_dsn))
 
 
+async def test_a_transaction_cancelled_at_any_point_stays_cancelled_and_returns_its_connection(
+    pg_dsn: str,
+) -> None:
+    """Cancelled at each of its await points in turn (the release among them), a
+    transaction ends cancelled, never with another error, and the pool gets its
+    connection back: the next transactions still run on a pool of two."""
+
+    async def write(tx: Transaction, n: int) -> None:
+        await tx.execute("INSERT INTO probe (n) VALUES (?)", (n,))
+
+    async with PostgresSessionStore(pg_dsn, min_pool=0, max_pool=2) as store:
+        async with store.transaction() as tx:
+            await tx.execute("CREATE TABLE probe (n INTEGER)")
+        outcomes: set[str] = set()
+        for steps in range(40):
+
+            async def one(n: int = steps) -> None:
+                async with store.transaction() as tx:
+                    await write(tx, n)
+
+            task = asyncio.create_task(one())
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                outcomes.add("cancelled")
+            else:
+                outcomes.add("done")
+            assert task.cancelled() or task.exception() is None
+        assert outcomes == {"cancelled", "done"}
+        for n in range(4):
+            async with asyncio.timeout(5):
+                async with store.transaction() as tx:
+                    await write(tx, 1000 + n)
+
+
 async def _no_locks(store: PostgresSessionStore, dsn: str) -> bool:
     key = store._session_key("s")
     held = await advisory_locks(dsn, key, granted=True)
