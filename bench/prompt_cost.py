@@ -1,7 +1,7 @@
 """Benchmark: how much of a long conversation's input a provider's prompt cache can reuse.
 
 One conversation of ``TURNS`` user messages runs through a store built as
-``bot.app.open_store`` builds it (``MAX_TURNS`` and ``PRUNE_TO_TURNS`` from
+``bot.database.open_store`` builds it (``MAX_TURNS`` and ``PRUNE_TO_TURNS`` from
 ``Settings``' defaults); every second turn the model first calls a tool, then
 answers in 250-350 characters. Each model call sends the system prompt, the
 tool schemas and the session's history as it is at that moment.

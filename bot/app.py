@@ -6,7 +6,6 @@ The only module that knows every room of the house; ``bot.cli`` drives it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
@@ -19,26 +18,22 @@ from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.models.routing import ModelSettings, default_model_name
 from bot.core.runner import Runner
-from bot.core.stores.base import BaseSessionStore, TransactionalStore
-from bot.core.stores.sqlite import SQLiteSessionStore
+from bot.core.stores.base import BaseSessionStore
+from bot.database import open_store
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.contract import PlatformAdapter
 from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
-from bot.instance_lock import InstanceLock
 from bot.metrics import Metrics
 from bot.server import HttpServer, build_app, listen_socket
 
 __all__ = [
     "POLLING_CONFLICT_MESSAGE",
     "Bot",
-    "InstanceLock",
     "build_adapters",
     "check_polling_alone",
-    "instance_lock",
     "load_starting_agent",
-    "open_store",
 ]
 
 POLLING_CONFLICT_MESSAGE = (
@@ -53,44 +48,6 @@ logger = logging.getLogger(__name__)
 def load_starting_agent(module_name: str | None = None) -> Agent:
     """``starting_agent`` of ``AGENTS_MODULE``, the project's ``agents/``, or the examples."""
     return load_agents(module_name).starting_agent
-
-
-def open_store(settings: Settings) -> TransactionalStore:
-    """The store ``DATABASE_URL`` names: SQLite (its folder created if missing) or PostgreSQL."""
-    if settings.database_dialect == "postgres":
-        from bot.core.stores.postgres import PostgresSessionStore
-
-        assert settings.database_url is not None
-        # Every running turn holds one lock connection; transactions get their own pool.
-        # Capped apart from the turns: hundreds of turns waiting on the model must not
-        # open hundreds of connections (the extra ones wait for a lock connection).
-        turns = min(settings.max_concurrent_turns, settings.database_connections)
-        return PostgresSessionStore(
-            settings.database_url,
-            default_max_turns=settings.max_turns,
-            prune_to_turns=settings.effective_prune_to_turns,
-            max_pool=max(4, turns + 2),
-            max_lock_connections=turns + 2,
-        )
-    path = settings.database_path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return SQLiteSessionStore(
-        str(path),
-        default_max_turns=settings.max_turns,
-        prune_to_turns=settings.effective_prune_to_turns,
-    )
-
-
-def instance_lock(settings: Settings) -> contextlib.AbstractContextManager[None]:
-    """What keeps two bots from sharing state they must not share.
-
-    SQLite: an ``flock`` on ``DATA_DIR`` (one process per data directory).
-    PostgreSQL: nothing here; several processes are the point, and leases
-    (``InstanceRegistry``) tell who is alive.
-    """
-    if settings.database_dialect == "postgres":
-        return contextlib.nullcontext()
-    return InstanceLock(settings.data_dir).held()
 
 
 async def check_polling_alone(settings: Settings, instances: InstanceRegistry) -> None:

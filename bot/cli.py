@@ -13,21 +13,21 @@ import stat
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.agents_loader import load_agents
-from bot.app import Bot, instance_lock, load_starting_agent, open_store
 from bot.config import Settings, load_settings
 from bot.core.compaction import is_summary
 from bot.core.stores.base import TransactionalStore
 from bot.data_dir import ensure_data_dir
+from bot.database import instance_lock, open_store
 from bot.errors import ChatflowError, ConfigurationError
-from bot.gateway.access.pairing import Pairing, sender_ref
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
-from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.ledger.obligations import Obligation, ObligationState
 from bot.logs import configure_logging, quiet_console_logs
 from bot.setting_typos import setting_typos
+
+if TYPE_CHECKING:
+    from bot.gateway.ledger.obligations import Obligation, ObligationState
 
 __all__ = ["NO_PLATFORM_MESSAGE", "main", "stdin_has_input"]
 
@@ -61,6 +61,8 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
     if console:
         _quiet_for_a_person(settings)
     load_agents(settings.agents_module)  # a mistake there stops us before anything starts
+    from bot.app import Bot  # the whole house: only run and chat need it
+
     with instance_lock(settings):
         await Bot(settings, console=console).run()
     return 0
@@ -87,6 +89,8 @@ def _quiet_for_a_person(settings: Settings) -> None:
 async def _chat(settings: Settings, args: argparse.Namespace) -> int:
     _quiet_for_a_person(settings)
     load_agents(settings.agents_module)
+    from bot.app import Bot
+
     with instance_lock(settings):
         await Bot(settings, console=True, serve_http=False).run()
     return 0
@@ -99,7 +103,7 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
             for session_id in await store.list_sessions():
                 print(session_id)
             return 0
-        starting = load_starting_agent(settings.agents_module)
+        starting = load_agents(settings.agents_module).starting_agent
         # Stored agent names resolve to the operator's agents (no false "unknown agent").
         store.set_agent_resolver({a.name: a for a in starting.reachable_agents()}.get)
         if args.action == "show":
@@ -141,6 +145,8 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _ledger(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.gateway.ledger import DeliveryLedger
+
     store = open_store(settings)
     ledger = DeliveryLedger(store)
     try:
@@ -202,6 +208,8 @@ async def _installation_secret(store: TransactionalStore, settings: Settings) ->
 
 
 async def _pairing(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.gateway.access.pairing import Pairing, sender_ref
+
     store = open_store(settings)
     try:
         secret = await _installation_secret(store, settings)

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import httpx
 
 from bot.agents_loader import LoadedAgents, load_agents
-from bot.app import open_store
 from bot.config import Settings
 from bot.core.agent import servers_of
 from bot.core.mcp.servers import MCPServer
 from bot.core.models.routing import ModelSettings, default_model_name, route_model
 from bot.data_dir import ensure_data_dir
+from bot.database import open_store
 from bot.errors import ChatflowError
 from bot.server import listen_socket
 from bot.setting_typos import setting_typos

@@ -132,17 +132,25 @@ async def test_usage_reads_toml_prices_too(tmp_path: Path) -> None:
         pytest.param('[["gpt-4o", 1]]', "must hold an object", id="list"),
     ],
 )
-def test_a_malformed_prices_file_stops_with_one_clear_line(
+def test_a_malformed_prices_file_is_a_configuration_error_that_says_what(
     tmp_path: Path, content: str, says: str
 ) -> None:
     prices = tmp_path / "prices.json"
     prices.write_text(content, encoding="utf-8")
+    with pytest.raises(ConfigurationError, match="MODEL_PRICES: ") as raised:
+        load_settings(data_dir=tmp_path, model_prices=prices)
+    assert says in str(raised.value)
+
+
+def test_a_malformed_prices_file_stops_usage_and_run_with_one_clear_line(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"gpt-4o": {"in": 1, "output": 1}}', encoding="utf-8")
     for command in (["usage"], ["run"]):
         result = _bot(tmp_path, *command, MODEL_PRICES=str(prices))
         assert result.returncode == 2
         [line] = result.stderr.strip().splitlines()
         assert line.startswith("chatflow: configuration error: MODEL_PRICES: ")
-        assert says in line
+        assert "unknown key 'in'" in line
 
 
 def test_a_missing_prices_file_is_a_configuration_error(tmp_path: Path) -> None:

@@ -12,10 +12,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bot.app import POLLING_CONFLICT_MESSAGE, instance_lock, open_store
+from bot.app import POLLING_CONFLICT_MESSAGE
 from bot.config import Settings, load_settings
 from bot.core.stores.postgres import PostgresSessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
+from bot.database import instance_lock, open_store
 from bot.errors import ConfigurationError
 from bot.gateway.instances import InstanceRegistry, Owner
 from tests.e2e.botprocess import BotProcess

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.app import open_store
 from bot.config import Settings
 from bot.core.agent import Agent
 from bot.core.messages import Message, Role
@@ -22,6 +21,7 @@ from bot.core.session import (
 )
 from bot.core.stores.in_memory import SessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
+from bot.database import open_store
 from tests.core.test_pruning_properties import (
     APPEND_KINDS,
     ID_POOL_IDS,

@@ -89,6 +89,29 @@ class BotProcess:
         if not ready.done():
             ready.set_exception(AssertionError("bot exited:\n" + "\n".join(self.log)))
 
+    async def command(self, *args: str, **env: str) -> tuple[int, str, str]:
+        """``python -m bot ARGS`` as the operator runs it beside this bot (its directory
+        and environment, plus ``env``): the exit code, stdout and stderr."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot",
+            *args,
+            cwd=self.data_dir.parent,
+            env={**self.env, **env},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
     async def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
         await self._end(signal.SIGKILL)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -163,23 +162,6 @@ async def test_a_flood_of_1000_messages_costs_no_model_call_past_the_limit(
     assert len(graph.sent) == 5 + 1 + 3
 
 
-async def cli(bot: BotProcess, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "pairing",
-        *args,
-        cwd=bot.data_dir.parent,
-        env=bot.env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_pairing_flow_through_the_cli_while_the_bot_runs(
     bots: BotFactory, graph: FakeWhatsAppServer, openai: FakeOpenAIServer
 ) -> None:
@@ -200,11 +182,11 @@ async def test_pairing_flow_through_the_cli_while_the_bot_runs(
     assert len(sent_to(graph, STRANGER)) == 1
     assert openai.chat_requests == []
 
-    assert (await cli(bot, "approve", "NOPE2345"))[0] == 1
-    status, out, _ = await cli(bot, "approve", code)
+    assert (await bot.command("pairing", "approve", "NOPE2345"))[0] == 1
+    status, out, _ = await bot.command("pairing", "approve", code)
     assert status == 0 and "approved whatsapp:user_" in out
-    assert (await cli(bot, "approve", code))[0] == 1  # used up
-    status, out, _ = await cli(bot, "list")
+    assert (await bot.command("pairing", "approve", code))[0] == 1  # used up
+    status, out, _ = await bot.command("pairing", "list")
     assert status == 0 and "approved  whatsapp:user_" in out and STRANGER not in out
 
     # served from now on, within seconds and without a restart
@@ -213,8 +195,8 @@ async def test_pairing_flow_through_the_cli_while_the_bot_runs(
     assert sent_to(graph, STRANGER)[1].startswith("answer to")
     assert len(openai.chat_requests) == 1
 
-    assert (await cli(bot, "revoke", f"whatsapp:{STRANGER}"))[0] == 0
-    assert "whatsapp:user_" not in (await cli(bot, "list"))[1]
+    assert (await bot.command("pairing", "revoke", f"whatsapp:{STRANGER}"))[0] == 0
+    assert "whatsapp:user_" not in (await bot.command("pairing", "list"))[1]
     log = "\n".join(bot.log)
     assert code not in log and STRANGER not in log
 
@@ -230,7 +212,7 @@ async def test_processes_on_postgresql_share_counts_and_approvals(
         await senders[0].post_one(senders[0].text("let me in", wa_id=STRANGER))
         (first,) = await graph.wait_for_sent(1, within=20)
         (code,) = CODE.findall(first.json["text"]["body"])
-        assert (await cli(two, "approve", code))[0] == 0
+        assert (await two.command("pairing", "approve", code))[0] == 0
         # the flood alternates between the processes, as a load balancer would send it
         for n in range(30):
             sender = senders[n % 2]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -95,31 +94,6 @@ async def test_taps_delivered_to_both_processes_at_once_run_the_tool_once(
     await refunded_once(fleet)
 
 
-async def _approve(bot: BotProcess, approval_id: str) -> tuple[int, str, str]:
-    """``python -m bot approvals approve ID`` with the bot's environment."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "approvals",
-        "approve",
-        approval_id,
-        cwd=bot.data_dir.parent,
-        env=bot.env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_two_operators_approving_at_once_run_the_tool_once(
     fleet: Fleet, openai: FakeOpenAIServer
 ) -> None:
@@ -129,7 +103,9 @@ async def test_two_operators_approving_at_once_run_the_tool_once(
         (approval_id,) = [r[0] for r in await conn.fetch("SELECT id FROM chatflow_approvals")]
     finally:
         await conn.close()
-    results = await asyncio.gather(*(_approve(bot, approval_id) for bot in fleet.bots))
+    results = await asyncio.gather(
+        *(bot.command("approvals", "approve", approval_id) for bot in fleet.bots)
+    )
     assert sorted(code for code, _, _ in results) == [0, 2]
     assert any(out == f"approved {approval_id}\n" for _, out, _ in results)
     assert any("already decided" in err for _, _, err in results)

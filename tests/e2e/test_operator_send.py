@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import time
 from pathlib import Path
 
@@ -17,36 +15,11 @@ __all__ = ["bot", "telegram"]  # the fixtures, imported for this module's tests
 CHAT_ID = 111111111  # the private chat of tests/data/telegram/private_text.json
 
 
-async def _send(process: BotProcess, target: str, text: str) -> tuple[int, str, str]:
-    """``python -m bot send`` with the bot's own environment, as the operator runs it."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "send",
-        target,
-        text,
-        cwd=process.data_dir.parent,
-        env=process.env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_a_message_sent_to_a_running_bot_goes_out_once_within_seconds(
     bot: BotProcess, telegram: FakeTelegramServer
 ) -> None:
     text = "Your parcel #1001 shipped today."
-    code, out, err = await _send(bot, f"telegram:{CHAT_ID}", text)
+    code, out, err = await bot.command("send", f"telegram:{CHAT_ID}", text)
     handed = time.monotonic()
     assert code == 0, err
     assert out.startswith("sent to the running bot: ")
@@ -73,7 +46,7 @@ async def test_a_message_queued_with_no_bot_running_is_sent_once_when_it_starts(
         {"TELEGRAM_BOT_TOKEN": telegram.token, "TELEGRAM_API_BASE_URL": telegram.base_url},
     )
     text = "We are open again tomorrow at 9."
-    code, out, err = await _send(process, f"telegram:{CHAT_ID}", text)
+    code, out, err = await process.command("send", f"telegram:{CHAT_ID}", text)
     assert code == 0, err
     assert out.startswith("queued ") and "sent when the bot starts" in out
     assert telegram.sent == []

@@ -11,7 +11,6 @@ all of them, also when the process that wrote the job is SIGKILLed before it is 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -185,22 +184,9 @@ async def test_an_operator_send_reaches_the_chat_once_from_one_of_the_processes(
     """``python -m bot send`` against the shared database while both processes run."""
     bot = fleet.bots[0]
     message = "Your parcel left the warehouse."
-    command = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "send",
-        f"whatsapp:{USER_WA_ID}",
-        message,
-        cwd=bot.data_dir.parent,
-        env=bot.env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(command.communicate(), 60)
-    assert command.returncode == 0, err.decode()
-    assert out.decode().startswith("sent to the running bot: ")
+    code, out, err = await bot.command("send", f"whatsapp:{USER_WA_ID}", message)
+    assert code == 0, err
+    assert out.startswith("sent to the running bot: ")
     await wait_for_text(fleet, message, within=15)
     await wait_until(lambda: settled(fleet.dsn), within=15)
     assert len(texts(fleet, message)) == 1

@@ -9,16 +9,13 @@ more model calls.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.botprocess import ROOT, BotProcess
+from tests.e2e.botprocess import BotProcess
 from tests.e2e.test_telegram_bot import update
 from tests.fakes.openai_server import FakeOpenAIServer, FakeResponse, RecordedRequest
 from tests.fakes.telegram_server import FakeTelegramServer
@@ -81,25 +78,6 @@ async def bots(
         await bot.kill()
 
 
-async def usage_cli(bot: BotProcess, *args: str, **env: str) -> tuple[int, str, str]:
-    """``python -m bot usage`` in its own process, on the running bot's database."""
-    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "usage",
-        *args,
-        cwd=bot.data_dir.parent,
-        env={**keep, "PYTHONPATH": str(ROOT), "DATA_DIR": str(bot.data_dir), **env},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def fetch_metrics(bot: BotProcess) -> str:
     async with httpx.AsyncClient() as client:
         return (await client.get(f"{bot.url}/metrics")).text
@@ -115,7 +93,7 @@ async def test_usage_and_metrics_show_the_cached_tokens_the_provider_reported(
     sent = await telegram.wait_for_sent(3, within=30)
     assert [f"answer to question {n}" in s.text for n, s in enumerate(sent)] == [True] * 3
 
-    code, out, err = await usage_cli(bot)
+    code, out, err = await bot.command("usage")
     assert code == 0, err
     header, *rows, total = out.splitlines()
     assert header.split() == [
@@ -140,7 +118,7 @@ async def test_usage_and_metrics_show_the_cached_tokens_the_provider_reported(
 
     prices = tmp_path / "prices.json"
     prices.write_text('{"gpt-4o-mini": {"input": 0.15, "cached_input": 0.075, "output": 0.6}}')
-    code, out, err = await usage_cli(bot, "--days", "1", MODEL_PRICES=str(prices))
+    code, out, err = await bot.command("usage", "--days", "1", MODEL_PRICES=str(prices))
     assert code == 0, err
     # 3 x ((1500 - 1024) x 0.15 + 1024 x 0.075 + 20 x 0.6) per million = $0.000481
     assert out.splitlines()[-1].endswith("$0.0005")

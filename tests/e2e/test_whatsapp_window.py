@@ -5,7 +5,6 @@ out once as the operator's template, or, with none configured, ends abandoned.""
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -65,20 +64,9 @@ async def metric_reaches(bot: BotProcess, line: str, within: float = 20.0) -> st
 
 
 async def ledger_status(bot: BotProcess) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "ledger",
-        "status",
-        cwd=bot.data_dir.parent,
-        env=bot.env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return out.decode()
+    code, out, err = await bot.command("ledger", "status")
+    assert code == 0, err
+    return out
 
 
 async def test_closed_window_reply_goes_out_once_as_the_template(

@@ -175,7 +175,8 @@ async def test_an_unanswered_approval_expires_and_the_model_hears_it(rig: Rig) -
     rig.clock.advance(seconds=599)
     assert await rig.gateway.approvals.expire_due() == 0
     rig.clock.advance(seconds=2)
-    assert await rig.gateway.approvals.expire_due() == 1
+    # Expired here or by the gateway's own timer, whichever looks first: once (the count).
+    await rig.gateway.approvals.expire_due()
     await rig.adapter.wait_for_sent(2)
     assert rig.tool_results(rig.model.requests[-1]) == [EXPIRED_RESULT]
     assert await rig.state() == "expired"

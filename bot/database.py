@@ -1,0 +1,54 @@
+"""The database the settings name: its store, and what keeps two bots apart on it.
+
+Light on purpose: every command of ``python -m bot`` opens the store, and only
+``run`` and ``chat`` need the rest of the house.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from bot.config import Settings
+from bot.core.stores.base import TransactionalStore
+from bot.core.stores.sqlite import SQLiteSessionStore
+from bot.instance_lock import InstanceLock
+
+__all__ = ["instance_lock", "open_store"]
+
+
+def open_store(settings: Settings) -> TransactionalStore:
+    """The store ``DATABASE_URL`` names: SQLite (its folder created if missing) or PostgreSQL."""
+    if settings.database_dialect == "postgres":
+        from bot.core.stores.postgres import PostgresSessionStore
+
+        assert settings.database_url is not None
+        # Every running turn holds one lock connection; transactions get their own pool.
+        # Capped apart from the turns: hundreds of turns waiting on the model must not
+        # open hundreds of connections (the extra ones wait for a lock connection).
+        turns = min(settings.max_concurrent_turns, settings.database_connections)
+        return PostgresSessionStore(
+            settings.database_url,
+            default_max_turns=settings.max_turns,
+            prune_to_turns=settings.effective_prune_to_turns,
+            max_pool=max(4, turns + 2),
+            max_lock_connections=turns + 2,
+        )
+    path = settings.database_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return SQLiteSessionStore(
+        str(path),
+        default_max_turns=settings.max_turns,
+        prune_to_turns=settings.effective_prune_to_turns,
+    )
+
+
+def instance_lock(settings: Settings) -> contextlib.AbstractContextManager[None]:
+    """What keeps two bots from sharing state they must not share.
+
+    SQLite: an ``flock`` on ``DATA_DIR`` (one process per data directory).
+    PostgreSQL: nothing here; several processes are the point, and leases
+    (``InstanceRegistry``) tell who is alive.
+    """
+    if settings.database_dialect == "postgres":
+        return contextlib.nullcontext()
+    return InstanceLock(settings.data_dir).held()
