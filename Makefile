@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-pg check bench proof fmt clean
+.PHONY: run test test-pg check lint typecheck pytest bench proof fmt clean
 
 # --no-compile: bytecode is written by the first import of each module instead of
 # compiling every installed file up front (half of the install's time).
@@ -15,21 +15,31 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m bot run
 
-check: $(STAMP)
+check: lint typecheck
+
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
 	$(VENV)/bin/mypy bot platforms agents tests bench
 
 # The console's browser test needs Debian's chromium: installed here when missing (as root).
-# Two workers (the suite is CPU-bound: bot subprocesses, fake servers, PostgreSQL) that
-# steal work, so the long end-to-end files never end the run on one worker.
-test: check
+# Two pytest workers (the suite is CPU-bound: bot subprocesses, fake servers, PostgreSQL)
+# that steal work, so the long end-to-end files never end the run on one worker. The type
+# check runs beside them on the CPU they leave idle (they wait on timers); either failing
+# fails `make test`, and each one's output is printed whole when it ends.
+test: lint
 	scripts/ensure-chromium.sh
+	$(MAKE) --no-print-directory --output-sync=target -j2 typecheck pytest
+
+pytest: $(STAMP)
 	$(VENV)/bin/pytest -q -n 2 --dist worksteal
 
 # The whole suite with a throwaway PostgreSQL server (what .ci/run does).
-test-pg: check
-	scripts/with-postgres.sh $(VENV)/bin/pytest -q -n 2 --dist worksteal
+test-pg: lint
+	scripts/ensure-chromium.sh
+	scripts/with-postgres.sh $(MAKE) --no-print-directory --output-sync=target -j2 typecheck pytest
 
 # PostgreSQL (throwaway server) is there for the multi-process pipeline figure.
 bench: $(STAMP)

@@ -139,6 +139,28 @@ def _check_approvals(loaded: LoadedAgents) -> CheckResult:
     return CheckResult("approvals", True, detail)
 
 
+def _check_voice(settings: Settings, loaded: LoadedAgents) -> CheckResult:
+    """``voice replies: auto, gpt-4o-mini-tts (alloy); Concierge: always``, and a
+    warning when nothing could speak them (no key for a real model)."""
+    agents = [
+        f"{agent.name}: {agent.voice.mode}"
+        for agent in loaded.starting_agent.reachable_agents()
+        if agent.voice is not None and agent.voice.mode is not None
+    ]
+    spoken = settings.voice_replies != "off" or any(not line.endswith(": off") for line in agents)
+    if not spoken:
+        return CheckResult("voice replies", True, "off (VOICE_REPLIES=auto answers voice notes)")
+    detail = "; ".join(
+        [f"{settings.voice_replies}, {settings.tts_model} ({settings.tts_voice})", *agents]
+    )
+    model = default_model_name(ModelSettings.from_settings(settings))
+    if not settings.openai_api_key and model != "offline":
+        return CheckResult(
+            "voice replies", True, f"{detail}; no OPENAI_API_KEY: replies stay text", warning=True
+        )
+    return CheckResult("voice replies", True, detail)
+
+
 async def _check_mcp(loaded: LoadedAgents) -> list[CheckResult]:
     agents = loaded.starting_agent.reachable_agents()
     return [await _check_mcp_server(server) for server in servers_of(agents)]
@@ -254,6 +276,7 @@ async def run_checks(settings: Settings) -> int:
         if loaded is not None:
             results.extend(await _check_models(settings, loaded, client))
             results.append(_check_approvals(loaded))
+            results.append(_check_voice(settings, loaded))
             results.extend(await _check_mcp(loaded))
         if settings.telegram_enabled:
             results.append(await _guard("telegram", lambda: _check_telegram(settings, client)))

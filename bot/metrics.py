@@ -91,6 +91,20 @@ class Metrics:
             ["event"],
             registry=r,
         )
+        self.taps = Counter(
+            "chatflow_taps",
+            "Button taps, by outcome: accepted (as a message), intercepted (an approval's "
+            "decision), duplicate (a redelivery), refused (expired, forged, used or lost a race)",
+            ["outcome"],
+            registry=r,
+        )
+        self.voice_replies = Counter(
+            "chatflow_voice_replies",
+            "Replies to be spoken, by outcome: synthesized, failed (sent as text), "
+            "refused_by_chat (the chat accepts no voice notes: text from then on)",
+            ["outcome"],
+            registry=r,
+        )
         self.turn_duration = Histogram(
             "chatflow_turn_seconds",
             "Time to play one turn (model and tools)",

@@ -65,6 +65,22 @@ def test_doctor_passes_on_defaults(tmp_path: Path) -> None:
     assert "offline" in result.stdout
 
 
+def test_doctor_says_whether_replies_can_be_spoken(tmp_path: Path) -> None:
+    def voice_line(**env: str) -> str:
+        (line,) = [
+            line for line in _bot(tmp_path, "doctor", **env).stdout.splitlines() if "voice" in line
+        ]
+        return line
+
+    assert voice_line().startswith("ok   voice replies: off")
+    demo = voice_line(VOICE_REPLIES="auto")  # the offline demo speaks with its silent voice
+    assert demo == "ok   voice replies: auto, gpt-4o-mini-tts (alloy)"
+    keyless = voice_line(VOICE_REPLIES="always", DEFAULT_MODEL="gpt-4o-mini", TTS_VOICE="nova")
+    assert keyless == (
+        "WARN voice replies: always, gpt-4o-mini-tts (nova); no OPENAI_API_KEY: replies stay text"
+    )
+
+
 def test_doctor_fails_on_an_unroutable_model(tmp_path: Path) -> None:
     result = _bot(tmp_path, "doctor", DEFAULT_MODEL="claude-9")
     assert result.returncode == 1

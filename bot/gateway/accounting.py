@@ -4,7 +4,9 @@ Recording. A turn's calls (its chat calls, and the transcriptions of its voice
 notes) are written to ``chatflow_usage`` (``bot.core.usage``) inside the turn's
 tx 2, so a committed turn has its tokens. A turn that fails rolls back its
 history, but the provider billed the calls it made: those are written in a
-small transaction of their own once the turn has ended (``record_lost``). The
+small transaction of their own once the turn has ended (``record_lost``), unless
+the inbox says the turn committed after all (a shutdown's cancellation that
+arrived while tx 2 landed), so no call is counted twice. The
 ``/metrics`` counters are added once per turn, whatever its outcome.
 
 Budget. With ``MAX_TOKENS_PER_SENDER_PER_DAY`` set, access control asks
@@ -40,6 +42,7 @@ from bot.core.usage import (
 from bot.errors import ChatflowError
 from bot.gateway.access.rate_limits import sender_digest
 from bot.gateway.contract import MessageEvent
+from bot.gateway.inbox import Inbox
 from bot.metrics import Metrics
 
 __all__ = ["BudgetVerdict", "TokenAccounting"]
@@ -141,16 +144,25 @@ class TokenAccounting:
             )
 
     async def record_lost(
-        self, session_id: str, event: MessageEvent, calls: Sequence[CallUsage]
+        self,
+        session_id: str,
+        event: MessageEvent,
+        calls: Sequence[CallUsage],
+        *,
+        inbox: Inbox | None = None,
     ) -> None:
         """Record the calls of a turn that did not commit, in a transaction of their own.
 
+        With ``inbox``, nothing is recorded if the turn committed after all (a
+        cancellation that arrived while its commit landed): its tx 2 has the rows.
         A storage failure is logged, not raised: the user's answer matters more.
         """
         if not calls:
             return
 
         async def body(tx: Transaction) -> None:
+            if inbox is not None and await inbox.committed_in(tx, event.message_id):
+                return
             await self.record_in(tx, session_id, event, calls)
 
         try:

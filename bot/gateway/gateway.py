@@ -104,7 +104,9 @@ class Gateway:
             on_accept_in=self._on_accept_in,
         )
         # Button taps: resolved before tx 1, their keyboard marked used in it.
-        self.taps = Taps(store, ttl_seconds=settings.button_ttl_seconds, inbox=self.inbox)
+        self.taps = Taps(
+            store, ttl_seconds=settings.button_ttl_seconds, inbox=self.inbox, metrics=self.metrics
+        )
         self.ledger = DeliveryLedger(
             store,
             owner=owner,
@@ -122,6 +124,7 @@ class Gateway:
             with_text=settings.voice_with_text,
             agents=runner.get_agent,
             timeout=settings.model_timeout_seconds,
+            metrics=self.metrics,
         )
         housekeeping = (self.inbox.prune, media.store.prune, self.taps.prune)
         self.outbox = Outbox(self.ledger, self._adapters, self.metrics, housekeeping=housekeeping)

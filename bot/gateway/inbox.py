@@ -243,6 +243,21 @@ class Inbox:
             "this process's turn for it is discarded"
         )
 
+    async def committed_in(self, tx: Transaction, message_id: str) -> bool:
+        """Whether a turn of this process committed ``message_id``: its row is ``done``
+        with no error note (an apology, a takeover or a refusal leaves one)."""
+        await self._ensure_open_in(tx)
+        row = await tx.fetchone(
+            f"SELECT state, error, owner_instance FROM {_TABLE} WHERE message_id = ?",
+            (message_id,),
+        )
+        return (
+            row is not None
+            and row[0] == "done"
+            and row[1] is None
+            and row[2] in (None, self._owner)
+        )
+
     async def mark_started_alone(self, message_id: str) -> None:
         """Count one solo run of a recovered message, before it runs (poison detection).
 

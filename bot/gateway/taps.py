@@ -40,6 +40,7 @@ from bot.gateway.ledger.keyboards import (
     mark_used_in,
     prune_in,
 )
+from bot.metrics import Metrics
 
 __all__ = [
     "ANSWER_TIMEOUT",
@@ -106,11 +107,13 @@ class Taps:
         ttl_seconds: float = 86_400.0,
         clock: Callable[[], datetime] | None = None,
         inbox: Inbox | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """``ttl_seconds``: a keyboard older than this is refused (``BUTTON_TTL_SECONDS``).
         ``inbox``: where a redelivered tap is found journaled, so it is answered as a
-        duplicate, not refused as used."""
+        duplicate, not refused as used. ``metrics``: taps counted by outcome."""
         self._store = store
+        self._metrics = metrics
         self._inbox = inbox
         self._ttl = timedelta(seconds=ttl_seconds)
         self._clock = clock or store.now
@@ -249,16 +252,19 @@ class Taps:
             # A redelivery of a tap we accepted finds its keyboard used: a duplicate,
             # answered without a notice.
             duplicate = await self._journaled(event.message_id)
+            self._count("duplicate" if duplicate else "refused")
             await self._answer(adapter, event, None if duplicate else str(exc))
             return False
         handler = self._handler_for(info.button)
         if handler is not None:
+            self._count("intercepted")
             return await self._intercepted(handler, resolved, info, adapter)
         self._resolved[event.message_id] = info
         try:
             accepted = await proceed(resolved)
         except TapRefusedError as exc:
             # Another tap on this keyboard won the race in tx 1.
+            self._count("refused")
             await self._answer(adapter, event, str(exc))
             return False
         except BaseException:
@@ -268,8 +274,13 @@ class Taps:
             self._resolved.pop(event.message_id, None)
         await self._answer(adapter, event, None)
         if accepted:
+            self._count("accepted")
             await self._remove(adapter, event)
         return accepted
+
+    def _count(self, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.taps.labels(outcome).inc()
 
     async def _intercepted(
         self,

@@ -324,7 +324,9 @@ class Turns:
                 billed = spent()
                 self.accounting.count(billed)
                 if not committed:  # rolled back, but the provider billed the calls
-                    await self.accounting.record_lost(entry.session_id, event, billed)
+                    await self.accounting.record_lost(
+                        entry.session_id, event, billed, inbox=self.inbox
+                    )
         self.metrics.turns.labels("ok").inc()
         # Committed: the send waits on the platform's pace, not on a turn slot (the
         # lane keeps the conversation's order; the ledger row keeps the reply owed).

@@ -47,6 +47,7 @@ from bot.gateway.contract import (
     SendResult,
 )
 from bot.gateway.ledger.obligations import Obligation
+from bot.metrics import Metrics
 
 __all__ = ["VOICE_FILE_NAME", "VoiceReplies", "build_voice_replies", "plays_voice", "speakable"]
 
@@ -103,9 +104,12 @@ class VoiceReplies:
         default: Voice,
         with_text: bool = True,
         agents: Callable[[str], Agent | None] = lambda name: None,
+        metrics: Metrics | None = None,
     ) -> None:
         """``default``: the settings' mode, voice and model (an agent's ``Voice`` wins);
-        ``speech`` ``None``: nothing is spoken (owed voice notes are still sent)."""
+        ``speech`` ``None``: nothing is spoken (owed voice notes are still sent);
+        ``metrics``: replies to be spoken counted by outcome."""
+        self._metrics = metrics
         self._store = require_transactional(store, "the voice refusals")
         self.media = media
         self.speech = speech
@@ -198,9 +202,15 @@ class VoiceReplies:
             logger.warning(
                 "voice reply not synthesized (%s); the reply goes as text", type(exc).__name__
             )
+            self._count("failed")
             return result
+        self._count("synthesized")
         logger.info("reply spoken in %d voice note(s)", len(notes))
         return dataclasses.replace(result, attachments=[*result.attachments, *notes])
+
+    def _count(self, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.voice_replies.labels(outcome).inc()
 
     async def _synthesize(self, text: str, voice: Voice) -> AudioPart:
         assert self.speech is not None and voice.voice is not None and voice.model is not None
@@ -257,6 +267,7 @@ class VoiceReplies:
             except PlatformError as exc:
                 if not ids and exc.code == VOICE_FORBIDDEN:
                     await self.refuse(obligation.platform, obligation.chat_id)
+                    self._count("refused_by_chat")
                     logger.info("%s chat accepts no voice notes: text from now on", exc.platform)
                     return await send_reply(adapter, as_text, store)
                 if not ids and not (exc.retryable or exc.ambiguous):
@@ -345,6 +356,7 @@ def build_voice_replies(
     with_text: bool,
     agents: Callable[[str], Agent | None],
     timeout: float = 60.0,
+    metrics: Metrics | None = None,
 ) -> VoiceReplies:
     """Voice replies as the settings describe them: speech at ``OPENAI_BASE_URL`` with
     ``OPENAI_API_KEY``; without a key, the silent demo voice when the model is the
@@ -361,4 +373,6 @@ def build_voice_replies(
         speech = SilentSpeech()
     elif default.mode != "off":
         logger.warning("VOICE_REPLIES needs OPENAI_API_KEY (speech); replies stay text")
-    return VoiceReplies(store, media, speech, default=default, with_text=with_text, agents=agents)
+    return VoiceReplies(
+        store, media, speech, default=default, with_text=with_text, agents=agents, metrics=metrics
+    )

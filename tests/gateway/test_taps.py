@@ -93,6 +93,14 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     await store.close()
 
 
+def tap_counts(rig: Rig) -> dict[str, float]:
+    """``chatflow_taps_total`` by outcome, as ``/metrics`` shows it."""
+    samples = rig.gateway.metrics.registry.get_sample_value
+    outcomes = ("accepted", "intercepted", "duplicate", "refused")
+    counts = {o: samples("chatflow_taps_total", {"outcome": o}) for o in outcomes}
+    return {o: n for o, n in counts.items() if n}
+
+
 async def test_the_reply_carries_the_keyboard_and_each_button_has_a_row(rig: Rig) -> None:
     keyboard = await rig.ask()
     assert [b.label for b in keyboard] == ["Small", "Large"]
@@ -144,6 +152,7 @@ async def test_a_redelivered_tap_is_answered_and_starts_no_second_turn(rig: Rig)
     ]
     assert rig.model.remaining == 0 and len(rig.adapter.sent) == 2
     assert await rig.turns() == 2
+    assert tap_counts(rig) == {"accepted": 1.0, "duplicate": 1.0, "refused": 1.0}
 
 
 @pytest.mark.parametrize(
@@ -223,6 +232,7 @@ async def test_an_interceptor_takes_its_prefix_before_anything_is_journaled(rig:
     assert not await rig.tap(token, "again")
     assert rig.adapter.answers[-1] == ("fake:tap:again", EXPIRED_NOTICE)
     assert await rig.turns() == 1 and len(seen) == 2
+    assert tap_counts(rig) == {"intercepted": 2.0, "refused": 1.0}
 
 
 async def test_a_failing_interceptor_is_answered_and_leaves_the_keyboard_open(rig: Rig) -> None:

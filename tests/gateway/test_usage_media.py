@@ -11,6 +11,7 @@ from bot.core.models.base import Usage
 from bot.core.models.scripted import ScriptedModel
 from bot.core.models.transcription import Transcript
 from bot.core.sql import Transaction
+from bot.core.usage import CallUsage
 from bot.errors import StorageError
 from bot.gateway.contract import MediaAttachment
 from tests.fakes.adapter import make_event
@@ -128,3 +129,30 @@ async def test_the_rows_of_a_commit_that_fails_roll_back_and_are_recorded_once(
     async with rig.store.transaction() as tx:
         rows = await tx.fetchall("SELECT kind, prompt_tokens FROM chatflow_usage")
     assert rows == [("chat", 70)]  # once: tx 2's row rolled back, the call recorded apart
+
+
+async def test_a_turn_cancelled_as_its_commit_landed_is_not_recorded_twice(
+    rigs: Callable[..., object],
+) -> None:
+    """A shutdown's cancellation that arrives while tx 2 lands makes the turn look failed
+    to its caller; the inbox says it committed, so its calls are not recorded again."""
+    rig: Rig = await rigs()  # type: ignore[misc]
+    rig.model.add(ScriptedModel.reply("Hello.", usage=Usage(40, 4)))
+    event = make_event("hi")
+    assert await rig.adapter.deliver(event)
+    await rig.adapter.wait_for_sent(1)
+    accounting, inbox = rig.gateway.accounting, rig.gateway.inbox
+    (session_id,) = await rig.store.list_sessions()
+    billed = [CallUsage("chat", "gpt-test", "Helper", Usage(40, 4))]
+
+    async def rows() -> int:
+        async with rig.store.transaction() as tx:
+            (count,) = await tx.fetchone("SELECT count(*) FROM chatflow_usage") or (0,)
+        return int(count)
+
+    assert await rows() == 1  # the turn's own, from its tx 2
+    await accounting.record_lost(session_id, event, billed, inbox=inbox)
+    assert await rows() == 1
+    never_committed = make_event("lost")
+    await accounting.record_lost(session_id, never_committed, billed, inbox=inbox)
+    assert await rows() == 2

@@ -99,6 +99,14 @@ async def _answer(rig: VoiceRig, event: Any) -> None:
     await rig.gateway._dispatcher.drain(5)
 
 
+def voice_counts(rig: VoiceRig) -> dict[str, float]:
+    """``chatflow_voice_replies_total`` by outcome, as ``/metrics`` shows it."""
+    samples = rig.gateway.metrics.registry.get_sample_value
+    outcomes = ("synthesized", "failed", "refused_by_chat")
+    counts = {o: samples("chatflow_voice_replies_total", {"outcome": o}) for o in outcomes}
+    return {o: n for o, n in counts.items() if n}
+
+
 async def test_auto_answers_a_voice_note_with_a_captioned_voice_note(
     rigs: Callable[..., Any],
 ) -> None:
@@ -196,6 +204,7 @@ async def test_a_chat_that_forbids_voice_notes_gets_text_now_and_no_synthesis_la
     async with rig.store.transaction() as tx:
         rows = await tx.fetchall("SELECT platform, chat_hash FROM chatflow_voice_refusals")
     assert [r[0] for r in rows] == ["fake"] and "chat-1" not in str(rows)
+    assert voice_counts(rig) == {"synthesized": 1.0, "refused_by_chat": 1.0}
 
 
 async def test_a_speech_failure_sends_the_text_and_a_warning_without_text(
@@ -216,6 +225,7 @@ async def test_a_speech_failure_sends_the_text_and_a_warning_without_text(
     (warning,) = [r for r in caplog.records if "not synthesized" in r.getMessage()]
     assert warning.levelno == logging.WARNING and "ModelError" in warning.getMessage()
     assert all("Secret" not in r.getMessage() for r in caplog.records)
+    assert voice_counts(rig) == {"failed": 1.0}
 
 
 async def test_a_resend_sends_the_stored_note_again_with_the_marker_never_a_new_synthesis(
