@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-pg check lint typecheck pytest bench proof fmt clean
+.PHONY: run test test-pg check lint typecheck bench proof fmt clean
 
 # --no-compile: bytecode is written by the first import of each module instead of
 # compiling every installed file up front (half of the install's time).
@@ -27,19 +27,20 @@ typecheck: $(STAMP)
 # The console's browser test needs Debian's chromium: installed here when missing (as root).
 # Two pytest workers (the suite is CPU-bound: bot subprocesses, fake servers, PostgreSQL)
 # that steal work, so the long end-to-end files never end the run on one worker. The type
-# check runs beside them on the CPU they leave idle (they wait on timers); either failing
-# fails `make test`, and each one's output is printed whole when it ends.
+# check runs beside them on the CPU they leave idle (they wait on timers) and its output
+# follows pytest's; either failing fails `make test`.
 test: lint
 	scripts/ensure-chromium.sh
-	$(MAKE) --no-print-directory --output-sync=target -j2 typecheck pytest
-
-pytest: $(STAMP)
-	$(VENV)/bin/pytest -q -n 2 --dist worksteal
+	@$(VENV)/bin/mypy bot platforms agents tests bench > $(VENV)/typecheck.log 2>&1 & \
+	echo "$(VENV)/bin/pytest -q -n 2 --dist worksteal (mypy beside it)"; \
+	$(VENV)/bin/pytest -q -n 2 --dist worksteal; tests=$$?; \
+	wait $$!; types=$$?; \
+	echo "$(VENV)/bin/mypy bot platforms agents tests bench"; cat $(VENV)/typecheck.log; \
+	test $$tests -eq 0 && test $$types -eq 0
 
 # The whole suite with a throwaway PostgreSQL server (what .ci/run does).
-test-pg: lint
-	scripts/ensure-chromium.sh
-	scripts/with-postgres.sh $(MAKE) --no-print-directory --output-sync=target -j2 typecheck pytest
+test-pg:
+	scripts/with-postgres.sh $(MAKE) --no-print-directory test
 
 # PostgreSQL (throwaway server) is there for the multi-process pipeline figure.
 bench: $(STAMP)
