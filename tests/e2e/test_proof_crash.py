@@ -39,7 +39,7 @@ from tests.fakes.whatsapp_webhook import WebhookSender
 
 pytestmark = pytest.mark.e2e
 
-SESSIONS_PER_PLATFORM = 12 if FULL else 3
+SESSIONS_PER_PLATFORM = 12 if FULL else 2
 MESSAGES_PER_SESSION = 10 if FULL else 5
 KILLS = 24 if FULL else 4
 MAX_TURNS = 4

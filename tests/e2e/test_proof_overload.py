@@ -39,10 +39,10 @@ from tests.fakes.whatsapp_webhook import WebhookSender
 
 pytestmark = pytest.mark.e2e
 
-SESSIONS_PER_PLATFORM = 50 if FULL else 10
-MESSAGES_PER_SESSION = 10
+SESSIONS_PER_PLATFORM = 50 if FULL else 6
+MESSAGES_PER_SESSION = 10 if FULL else 6
 MODEL_DELAY = 0.25 if FULL else 0.1
-MAX_QUEUED = 300 if FULL else 60
+MAX_QUEUED = 300 if FULL else 40
 MAX_LATENCY = 1.0
 RSS_GROWTH_LIMIT_MB = 150
 

@@ -35,8 +35,8 @@ from tests.fakes.whatsapp_webhook import WebhookSender
 
 pytestmark = pytest.mark.e2e
 
-WA_SESSIONS = 20 if FULL else 4
-TG_SESSIONS = 20 if FULL else 4
+WA_SESSIONS = 20 if FULL else 3
+TG_SESSIONS = 20 if FULL else 3
 MESSAGES_PER_SESSION = 6 if FULL else 3
 BATCHES = 10 if FULL else 2
 STATUSES: tuple[Literal["sent", "delivered", "read"], ...] = ("sent", "delivered", "read")
