@@ -97,6 +97,8 @@ async def _chat(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.gateway.scheduled_jobs import cancel_jobs
+
     store = open_store(settings)
     try:
         if args.action == "list":
@@ -133,12 +135,18 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
             return 1
         metadata = dict(session.metadata)
         await store.delete(args.session_id)
+        # Its scheduled messages go with it: cancelled on reset, erased (texts and chat
+        # ids too) on delete.
+        jobs = await cancel_jobs(
+            store, session_id=args.session_id, erase=args.action == "delete", why=args.action
+        )
+        also = f" ({jobs} scheduled message(s) cancelled)" if jobs else ""
         if args.action == "reset":
             fresh = await store.get_or_create(args.session_id, starting, metadata)
             await store.save(fresh)
-            print(f"reset {args.session_id}")
+            print(f"reset {args.session_id}{also}")
         else:
-            print(f"deleted {args.session_id}")
+            print(f"deleted {args.session_id}{also}")
         return 0
     finally:
         await store.close()

@@ -210,7 +210,14 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     """How long a shutdown waits for turns in flight."""
     max_scheduled_per_chat: int = Field(default=20, gt=0)
-    """Messages an agent may have scheduled in one conversation at once (``schedule_message``)."""
+    """Messages agents may have scheduled in one chat at once, all its members together
+    (``schedule_message``)."""
+    min_repeat_seconds: float = Field(default=300.0, ge=60)
+    """The least time between two runs of a repeating scheduled message; a schedule that
+    repeats more often is refused."""
+    schedule_timezone: str = "UTC"
+    """IANA time zone (``Europe/Berlin``) of repeating schedules when the model names
+    none; repeats keep their local time across daylight-saving changes."""
     schedule_max_lateness_seconds: float = Field(default=86_400.0, gt=0)
     """A scheduled message found later than this (the bot was down) is dropped, not sent."""
     button_ttl_seconds: float = Field(default=86_400.0, gt=0)
@@ -299,6 +306,14 @@ class Settings(BaseSettings):
             except ValueError as exc:
                 raise ValueError(f"{exc} (write 10.0.0.5, 10.0.0.0/8 or *)") from None
         return ",".join(entries)
+
+    @field_validator("schedule_timezone")
+    @classmethod
+    def _check_schedule_timezone(cls, value: str) -> str:
+        from bot.core.scheduling import load_timezone
+
+        load_timezone(value)  # an unknown zone stops start-up here, in one line
+        return value.strip()
 
     @field_validator("database_url")
     @classmethod

@@ -32,7 +32,7 @@ from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.core.voice import Voice
 from bot.errors import ChatflowError, PlatformError, TapRefusedError
-from bot.gateway.access.control import AccessControl
+from bot.gateway.access.control import AccessControl, budget_notice
 from bot.gateway.access.gate import Gate
 from bot.gateway.accounting import TokenAccounting
 from bot.gateway.aliases import ChatAliases
@@ -162,7 +162,11 @@ class Gateway:
         self.approvals.on_turns = self._queue_turns
         self.turns.approvals = self.approvals
         self.taps.intercept(APPROVAL_BUTTON_PREFIX, self.approvals.on_tap)
-        runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(settings.max_scheduled_per_chat)
+        runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(
+            settings.max_scheduled_per_chat,
+            min_repeat_seconds=settings.min_repeat_seconds,
+            timezone=settings.schedule_timezone,
+        )
         self.access = AccessControl(settings, self.turns, secret, self._queue_answers)
         # Token usage recorded with each turn; the daily budget judged with the rate limits.
         self.accounting = TokenAccounting(
@@ -173,6 +177,10 @@ class Gateway:
         )
         self.turns.accounting = self.access.budget = self.accounting
         self.gate = Gate(settings, self.aliases, secret, pairing=self.access.pairing)
+        # A job's owner is judged when it falls due: access now, and the budget its turn costs.
+        self.scheduler.admit_owner = self.gate.admits_owner
+        self.scheduler.accounting = self.accounting if self.accounting.budgeted else None
+        self.scheduler.budget_notice = budget_notice
         # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
         # tx 1, since a message once accepted must be queued whatever happens.
         # Turns and owed replies share the per-session lanes: a reply owed from

@@ -42,6 +42,7 @@ from bot.gateway.media_fetch import MediaFetcher, PreparedMedia
 from bot.gateway.outbox import Outbox
 from bot.gateway.replies import Replies
 from bot.gateway.reply_context import reply_context, with_reply_context
+from bot.gateway.scheduled_jobs import cancel_jobs
 from bot.gateway.streaming import open_drafts, stop_drafts
 from bot.gateway.takeover import TakenOverError, Takeovers
 from bot.gateway.taps import tap_text
@@ -136,8 +137,11 @@ class Turns:
             return
         if command in ("start", "help", "reset"):
             agent = self.runner.starting_agent.name
+            cancelled = 0
             if command == "reset":
                 await self.store.delete(entry.session_id)
+                # "Forget this conversation": the reminders set in it go too.
+                cancelled = await cancel_jobs(self.store, session_id=entry.session_id, why="/reset")
             elif command == "start":
                 # A handoff may have moved the conversation: greet as the one who holds it.
                 agent = await self._active_agent_name(entry.session_id)
@@ -146,6 +150,8 @@ class Turns:
                 "help": self.replies.help,
                 "reset": self.replies.reset,
             }[command]
+            if cancelled:
+                text += " " + self.replies.reset_jobs.format(count=cancelled)
             await self._answer_without_turn(entry, text, agent=agent)
             return
         if len(event.text) > MAX_INBOUND_CHARS:
@@ -228,6 +234,8 @@ class Turns:
                 event.platform,
                 event.source.chat_id,
                 event.source.thread_id,
+                # Who asked: their jobs' turns are charged to them, revoking them stops them.
+                sender=None if self.accounting is None else self.accounting.sender_key(event),
             )
             added, _ = await apply_in(tx, result.effects, route, self.store.now().timestamp())
             scheduled.append(added)
