@@ -42,6 +42,9 @@ from bot.metrics import Metrics
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.fakes.clock import FakeClock
 from tests.gateway.conftest import SECRET
+from tests.pgtest import pg_dsn
+
+__all__ = ["pg_dsn"]
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 T0 = NOW.timestamp()
@@ -456,3 +459,43 @@ async def test_forty_scheduled_posts_a_minute_never_make_a_groups_replies_wait()
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# -- the same SQL on PostgreSQL ------------------------------------------------------------
+
+
+async def test_on_postgres_the_chat_count_a_set_aside_job_and_cancel_jobs(pg_dsn: str) -> None:
+    from bot.core.scheduling import POLICY, SchedulingPolicy, schedule_message
+    from bot.core.stores.postgres import PostgresSessionStore
+    from bot.core.tools import ToolContext
+
+    clock = FakeClock(NOW)
+    store = PostgresSessionStore(pg_dsn, clock=clock)
+    async with store:
+        key = "agent:main:telegram:group:g1:user:ana"
+        members = JobRoute(key, "s-ana", "telegram", "-100", None, "ana")
+        async with store.transaction() as tx:
+            await apply_in(tx, [ScheduleRequest("job_ana", "a", T0 + 60)], members, T0)
+        services: dict[str, object] = {POLICY: SchedulingPolicy(max_per_chat=1)}
+        bob = ToolContext(
+            session_id="s-bob",
+            store=store,
+            services=services,
+            metadata={"session_key": "agent:main:telegram:group:g1:user:bob"},
+        )
+        refused = await schedule_message.invoke(bob, {"text": "b", "delay_seconds": 60})
+        assert "already has 1 scheduled messages" in refused
+        await add(store, 2, ScheduleRequest("job_poison", "x", T0 - 5, "0 0 30 2 *"))
+        await add(store, 3, ScheduleRequest("job_ok", "y", T0 - 1))
+        fired: list[Obligation] = []
+        scheduler = scheduler_on(store, fired)
+        assert await scheduler.fire_due() == 1
+        assert [o.content for o in fired] == ["y"]
+        assert await scheduler.next_due() == T0 + 60
+        assert await cancel_jobs(store, platform="telegram", sender="ana") == 1
+        assert await cancel_jobs(store, session_id="s-2", erase=True) == 0
+        jobs = await states(store)
+        assert {j: s for j, (s, *_) in jobs.items()} == {
+            "job_ana": "cancelled",
+            "job_ok": "fired",
+        }
