@@ -217,3 +217,13 @@ async def test_sessions_reset_cancels_and_delete_erases_the_conversations_jobs(
         assert rows == []
     finally:
         await store.close()
+
+
+def test_an_unknown_schedule_timezone_stops_start_up_with_one_line(tmp_path: Path) -> None:
+    """G12: SCHEDULE_TIMEZONE is checked before anything starts (run, doctor, every command)."""
+    result = _bot(tmp_path, "sessions", "list", SCHEDULE_TIMEZONE="Europe/Berln")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "chatflow: configuration error: SCHEDULE_TIMEZONE: 'Europe/Berln' is not an IANA "
+        "time zone name (e.g. UTC, Europe/Berlin, America/New_York)"
+    ]
