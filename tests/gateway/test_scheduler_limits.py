@@ -27,10 +27,12 @@ from bot.core.stores.base import TransactionalStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.usage import ensure_usage_schema_in, record_usage_in
 from bot.gateway.access.control import budget_notice
+from bot.gateway.access.gate import Gate
 from bot.gateway.access.pairing import Pairing
 from bot.gateway.access.rate_limits import sender_digest
 from bot.gateway.accounting import TokenAccounting
-from bot.gateway.contract import SendLimits
+from bot.gateway.aliases import ChatAliases
+from bot.gateway.contract import ChatType, SendLimits
 from bot.gateway.gateway import Gateway
 from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.ledger import DeliveryLedger
@@ -383,6 +385,80 @@ async def test_cancel_jobs_takes_a_conversation_or_a_sender_and_can_erase(
     assert set(await states(store)) == {"job_3"}
     with pytest.raises(ValueError, match="give session_id"):
         await cancel_jobs(store, sender="ana")
+
+
+async def test_the_owner_of_a_job_is_judged_as_their_own_message_would_be_now(
+    clocked: tuple[SQLiteSessionStore, FakeClock],
+) -> None:
+    store, _ = clocked
+    aliases = ChatAliases(store)
+    await aliases.open()
+    pairing = Pairing(store, secret=SECRET)
+    await pairing.open()
+    ana = sender_digest("telegram", "42", SECRET)
+
+    def gate(**settings: Any) -> Gate:
+        made = Settings(data_dir=Path("unused"), **settings)
+        mode = made.effective_access_mode
+        return Gate(made, aliases, SECRET, pairing=pairing if mode == "pairing" else None)
+
+    async def admits(g: Gate, chat: str, kind: ChatType, who: str | None) -> bool:
+        return await g.admits_owner("telegram", chat, kind, who)
+
+    assert await admits(gate(), "-100", "group", ana)  # open
+    listed = gate(allowed_users="42")
+    assert await admits(listed, "-100", "group", ana)
+    assert not await admits(listed, "-100", "group", sender_digest("telegram", "7", SECRET))
+    assert await admits(listed, "42", "dm", None)  # an older job: the DM's chat is its owner
+    assert not await admits(listed, "-100", "group", None)
+    assert await admits(gate(allowed_chats="-100"), "-100", "group", None)
+    paired = gate(access_mode="pairing")
+    assert not await admits(paired, "42", "dm", ana)
+    async with store.transaction() as tx:
+        code, _ = await pairing.request_in(tx, "telegram", "42")
+    await pairing.approve(code)
+    assert await admits(paired, "42", "dm", ana)
+    await pairing.revoke("telegram:42")
+    assert not await admits(paired, "42", "dm", ana)  # read now: no cache to outlive it
+
+
+async def test_members_of_a_group_share_one_count_through_the_gateway(tmp_path: Path) -> None:
+    """G7 through the real turn: the tool reads the chat from the turn's session key."""
+    store = SQLiteSessionStore(tmp_path / "chatflow.db", clock=FakeClock(NOW))
+    twice = ScriptedModel.calls(
+        ("schedule_message", {"text": "a", "delay_seconds": 60}),
+        ("schedule_message", {"text": "b", "delay_seconds": 60}),
+    )
+    model = ScriptedModel(
+        [
+            twice,
+            ScriptedModel.reply("two set"),
+            ScriptedModel.call("schedule_message", text="c", delay_seconds=60),
+            ScriptedModel.reply("sorry"),
+        ]
+    )
+    gateway = gateway_on(store, tmp_path, model, max_scheduled_per_chat=2)
+    await gateway.start()
+    await gateway.wait_ready()
+    adapter = gateway.adapters["fake"]
+    assert isinstance(adapter, FakeAdapter)
+    try:
+        for n, member in enumerate(("ana", "bob"), start=1):
+            event = make_event(
+                "@bot remind us",
+                chat_id="-100",
+                chat_type="group",
+                sender_id=member,
+                mentions_bot=True,
+            )
+            assert await adapter.deliver(event)
+            await adapter.wait_for_sent(n)
+        refused = str(model.requests[-1].messages[-1].content)
+        assert "already has 2 scheduled messages" in refused
+        assert len(await states(store)) == 2
+    finally:
+        await gateway.stop(grace=1)
+        await store.close()
 
 
 # -- G7: scheduled posts give way to replies in a group's window ---------------------------
