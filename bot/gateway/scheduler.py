@@ -31,8 +31,8 @@ Each conversation's due jobs are fired by a task of their own (at most
 holds never delays another's reminders, and each job's message is queued as
 soon as its claim commits. A job that cannot be fired (its next time cannot be
 computed, say) is set aside: ``failed``, logged by job id and counted in
-``/metrics``, and the other jobs go on. A storage error is retried a few times
-first (the database may come back).
+``/metrics``, and the other jobs go on. A storage error is not the job's fault:
+its conversation is tried again later (the database may come back).
 
 Before a job fires, the person who scheduled it (the job's ``sender``, a digest)
 is judged as their own message would be now: revoked or off the allow lists,
@@ -86,8 +86,10 @@ before it was due: a survivor only learns of the job here (like the retry poll).
 MAX_FIRING: Final = 16
 """Conversations whose due jobs are fired at once (each may wait for its session lock,
 holding a lock connection on PostgreSQL)."""
-STORAGE_TRIES: Final = 3
-"""Storage errors one job may meet (a pass apart) before it is set aside as failed."""
+MAX_STORAGE_BACKOFF: Final = 300.0
+"""Longest wait before a conversation whose job met a storage error is tried again (the
+wait doubles from ``POLL_SECONDS`` with each error of that job). A storage error never
+sets a job aside: the database may come back."""
 
 _DROPPED: Final = "dropped"
 
@@ -241,7 +243,7 @@ class Scheduler:
             if len(self._firing) >= self.max_firing:
                 break
             self._deferred.pop(session_id, None)
-            task = asyncio.create_task(self._fire_conversation(owed))
+            task = asyncio.create_task(self._fire_conversation(session_id, owed))
             self._firing[session_id] = task
             task.add_done_callback(functools.partial(self._done, session_id))
             started.append(task)
@@ -251,14 +253,14 @@ class Scheduler:
         self._firing.pop(session_id, None)
         self._wake.set()  # its conversation may have more due by now; a slot is free
 
-    async def _fire_conversation(self, owed: list[tuple[str, float]]) -> int:
+    async def _fire_conversation(self, session_id: str, owed: list[tuple[str, float]]) -> int:
         """Fire one conversation's due jobs in order; each queued as soon as it commits."""
         sent = 0
         for job_id, due_at in owed:
             try:
                 outcome = await self._fire(job_id, due_at)
             except Exception as exc:
-                if not await self._failed(job_id, due_at, exc):
+                if not await self._failed(session_id, job_id, due_at, exc):
                     return sent  # a storage error: the rest of this conversation waits too
                 continue
             if isinstance(outcome, Obligation):
@@ -272,23 +274,23 @@ class Scheduler:
                 self._on_fired([outcome.notice])
         return sent
 
-    async def _failed(self, job_id: str, due_at: float, exc: Exception) -> bool:
-        """A job could not be fired: set it aside (``failed``), unless a storage error may
-        pass (then its conversation is left for a poll interval). True if set aside."""
+    async def _failed(self, session_id: str, job_id: str, due_at: float, exc: Exception) -> bool:
+        """A job could not be fired: set it aside (``failed``), unless it was a storage
+        error (then its conversation waits, longer each time). True if set aside."""
         if isinstance(exc, StorageError):
             tries = self._storage_errors.get(job_id, 0) + 1
-            if tries < STORAGE_TRIES:
-                self._storage_errors[job_id] = tries
-                session_id = await self._session_of(job_id)
-                if session_id is not None:
-                    self._deferred[session_id] = self.now() + self.poll_seconds
-                logger.warning(
-                    "firing scheduled job %s failed (%s); trying again in %.0f s",
-                    job_id,
-                    type(exc).__name__,
-                    self.poll_seconds,
-                )
-                return False
+            if len(self._storage_errors) >= 4096:
+                self._storage_errors.clear()  # jobs cancelled meanwhile: no need to keep them
+            self._storage_errors[job_id] = tries
+            wait = min(self.poll_seconds * 2 ** (tries - 1), MAX_STORAGE_BACKOFF)
+            self._deferred[session_id] = self.now() + wait
+            logger.warning(
+                "firing scheduled job %s failed (%s); trying again in %.0f s",
+                job_id,
+                type(exc).__name__,
+                wait,
+            )
+            return False
         self._storage_errors.pop(job_id, None)
 
         async def body(tx: Transaction) -> int:
@@ -317,16 +319,6 @@ class Scheduler:
                 _reason(exc),
             )
         return True
-
-    async def _session_of(self, job_id: str) -> str | None:
-        with contextlib.suppress(Exception):  # the storage that just failed may still fail
-
-            async def body(tx: Transaction) -> tuple[Any, ...] | None:
-                return await tx.fetchone(f"SELECT session_id FROM {TABLE} WHERE id = ?", (job_id,))
-
-            row = await self._store.run(body, write=False)
-            return None if row is None else str(row[0])
-        return None
 
     async def _read(self, job_id: str, due_at: float) -> _Job | None:
         async def body(tx: Transaction) -> tuple[Any, ...] | None:

@@ -26,6 +26,7 @@ from bot.core.scheduling import JobRoute, ScheduleRequest, apply_in
 from bot.core.stores.base import TransactionalStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.usage import ensure_usage_schema_in, record_usage_in
+from bot.errors import StorageError
 from bot.gateway.access.control import budget_notice
 from bot.gateway.access.gate import Gate
 from bot.gateway.access.pairing import Pairing
@@ -151,6 +152,34 @@ async def test_the_loop_goes_on_past_a_job_that_cannot_be_fired(
         async with asyncio.timeout(5):
             await task
     assert [o.content for o in fired] == ["B: reminder"]
+
+
+async def test_a_storage_error_is_not_the_jobs_fault_it_waits_and_fires_later(
+    clocked: tuple[SQLiteSessionStore, FakeClock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, clock = clocked
+    await add(store, 1, ScheduleRequest("job_flaky", "A", T0 - 10))
+    await add(store, 2, ScheduleRequest("job_b", "B", T0 - 5))
+    fired: list[Obligation] = []
+    scheduler = scheduler_on(store, fired)
+    real = scheduler._fire
+    failures = iter([StorageError("database is locked")])
+
+    async def flaky(job_id: str, due_at: float) -> Any:
+        if job_id == "job_flaky":
+            for exc in failures:
+                raise exc
+        return await real(job_id, due_at)
+
+    monkeypatch.setattr(scheduler, "_fire", flaky)
+    assert await scheduler.fire_due() == 1
+    assert [o.content for o in fired] == ["B"]
+    assert (await states(store))["job_flaky"][0] == "scheduled"  # not set aside
+    assert await scheduler.next_due() == T0 + scheduler.poll_seconds  # its conversation waits
+    assert await scheduler.fire_due() == 0
+    clock.advance(seconds=scheduler.poll_seconds)
+    assert await scheduler.fire_due() == 1
+    assert [o.content for o in fired] == ["B", "A"]
 
 
 # -- G8: a locked conversation delays only its own jobs --------------------------------
