@@ -249,8 +249,9 @@ class Scheduler:
             started.append(task)
         return started
 
-    def _done(self, session_id: str, _: object) -> None:
-        self._firing.pop(session_id, None)
+    def _done(self, session_id: str, task: asyncio.Task[int]) -> None:
+        if self._firing.get(session_id) is task:
+            del self._firing[session_id]
         self._wake.set()  # its conversation may have more due by now; a slot is free
 
     async def _fire_conversation(self, session_id: str, owed: list[tuple[str, float]]) -> int:

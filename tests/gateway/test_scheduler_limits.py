@@ -604,3 +604,28 @@ async def test_on_postgres_the_chat_count_a_set_aside_job_and_cancel_jobs(pg_dsn
             "job_ana": "cancelled",
             "job_ok": "fired",
         }
+
+
+async def test_jobs_written_before_owners_and_zones_were_stored_still_fire(
+    clocked: tuple[SQLiteSessionStore, FakeClock],
+) -> None:
+    """Migration 2 adds ``sender`` and ``timezone``: an older row has neither (UTC, no owner)."""
+    from bot.core.scheduling import COMPONENT, MIGRATIONS
+    from bot.core.sql import ensure_schema
+
+    store, _ = clocked
+    async with store.transaction() as tx:
+        await ensure_schema(tx, COMPONENT, {1: MIGRATIONS[1]})
+        await tx.execute(
+            "INSERT INTO chatflow_scheduled_jobs (id, session_key, session_id, platform, "
+            "chat_id, thread_id, text, run_agent, cron, due_at, state, created_at, fired_count) "
+            "VALUES ('job_old', 'agent:main:fake:dm:k1', 's-1', 'fake', 'chat-1', NULL, "
+            "'old', 0, '0 9 * * *', ?, 'scheduled', ?, 0)",
+            (T0 - 60, T0 - 3600),
+        )
+    fired: list[Obligation] = []
+    scheduler = scheduler_on(store, fired)
+    await scheduler.open()
+    assert await scheduler.fire_due() == 1
+    next_nine = datetime(2026, 3, 2, 9, 0, tzinfo=UTC).timestamp()
+    assert (await states(store))["job_old"] == ("scheduled", next_nine, 1)
