@@ -1,0 +1,244 @@
+"""The knowledge base's rows: a source's chunks replaced in one transaction, full-text search.
+
+``replace_source_in`` writes a source and all its chunks in the caller's
+transaction (the old chunks go first), so a source is in the base whole or
+not at all: an ingestion killed mid-way leaves every committed file complete
+and nothing of the one it was writing. ``fulltext_search`` ranks with SQLite
+FTS5's BM25 or PostgreSQL's ``ts_rank``: a query's words are OR-ed (most
+common English function words dropped), so a question finds the passages
+that share the most of its rarer words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
+
+from bot.core.knowledge.schema import CHUNKS, FTS, SOURCES, ensure_knowledge_schema_in
+from bot.core.knowledge.text import Passage
+from bot.core.knowledge.vectors import VECTORS
+from bot.core.sql import Transaction
+from bot.core.stores.base import TransactionalStore
+
+__all__ = [
+    "Hit",
+    "SourceInfo",
+    "chunk_ids_in",
+    "chunks_by_id",
+    "fulltext_search",
+    "list_sources",
+    "query_terms",
+    "remove_source",
+    "replace_source_in",
+    "source_hash",
+]
+
+_MAX_TERMS: Final = 32
+_STOPWORDS: Final = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "can",
+        "do",
+        "does",
+        "did",
+        "for",
+        "from",
+        "has",
+        "have",
+        "how",
+        "i",
+        "if",
+        "in",
+        "is",
+        "it",
+        "its",
+        "me",
+        "my",
+        "of",
+        "on",
+        "or",
+        "our",
+        "so",
+        "than",
+        "that",
+        "the",
+        "their",
+        "there",
+        "these",
+        "this",
+        "to",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+        "you",
+        "your",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One passage found: where it comes from, its heading and text, and its score."""
+
+    chunk_id: int
+    source: str
+    heading: str
+    text: str
+    score: float
+    """Higher is better (BM25 negated on SQLite, ``ts_rank`` on PostgreSQL, fused score in
+    hybrid mode)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInfo:
+    """One source in the base."""
+
+    source: str
+    chunk_count: int
+    added_at: datetime
+
+
+async def source_hash(store: TransactionalStore, source: str) -> str | None:
+    """The content hash ``source`` was added with, or ``None`` if it is not in the base."""
+
+    async def body(tx: Transaction) -> str | None:
+        await ensure_knowledge_schema_in(tx)
+        row = await tx.fetchone(f"SELECT content_hash FROM {SOURCES} WHERE source = ?", (source,))
+        return None if row is None else str(row[0])
+
+    return await store.run(body)
+
+
+async def replace_source_in(
+    tx: Transaction, source: str, content_hash: str, passages: Sequence[Passage], added_at: float
+) -> None:
+    """``source`` with exactly ``passages`` as its chunks (positions 0..n-1), in ``tx``."""
+    await ensure_knowledge_schema_in(tx)
+    await tx.execute(f"DELETE FROM {CHUNKS} WHERE source = ?", (source,))
+    await tx.execute(
+        f"INSERT INTO {SOURCES} (source, content_hash, chunk_count, added_at) "
+        "VALUES (?, ?, ?, ?) ON CONFLICT (source) DO UPDATE SET "
+        "content_hash = excluded.content_hash, chunk_count = excluded.chunk_count, "
+        "added_at = excluded.added_at",
+        (source, content_hash, len(passages), added_at),
+    )
+    await tx.executemany(
+        f"INSERT INTO {CHUNKS} (source, position, heading, text) VALUES (?, ?, ?, ?)",
+        [(source, n, p.heading, p.text) for n, p in enumerate(passages)],
+    )
+
+
+async def chunk_ids_in(tx: Transaction, source: str) -> list[int]:
+    """The ids of ``source``'s chunks in position order."""
+    rows = await tx.fetchall(
+        f"SELECT id FROM {CHUNKS} WHERE source = ? ORDER BY position", (source,)
+    )
+    return [int(row[0]) for row in rows]
+
+
+async def remove_source(
+    store: TransactionalStore, source: str, *, vectors: bool = False
+) -> int | None:
+    """Remove ``source`` and its chunks (and, with ``vectors`` on SQLite, their sqlite-vec
+    rows, which take no foreign key); the number of chunks removed, ``None`` if unknown."""
+
+    async def body(tx: Transaction) -> int | None:
+        await ensure_knowledge_schema_in(tx)
+        row = await tx.fetchone(f"SELECT chunk_count FROM {SOURCES} WHERE source = ?", (source,))
+        if row is None:
+            return None
+        vec_table = "SELECT 1 FROM sqlite_master WHERE name = ?"
+        if vectors and tx.dialect == "sqlite" and await tx.fetchone(vec_table, (VECTORS,)):
+            ids = await chunk_ids_in(tx, source)
+            await tx.executemany(f"DELETE FROM {VECTORS} WHERE rowid = ?", [(i,) for i in ids])
+        # Chunks first: the FTS triggers follow them one by one.
+        await tx.execute(f"DELETE FROM {CHUNKS} WHERE source = ?", (source,))
+        await tx.execute(f"DELETE FROM {SOURCES} WHERE source = ?", (source,))
+        return int(row[0])
+
+    return await store.run(body)
+
+
+async def list_sources(store: TransactionalStore) -> list[SourceInfo]:
+    """Every source, by name."""
+
+    async def body(tx: Transaction) -> list[SourceInfo]:
+        await ensure_knowledge_schema_in(tx)
+        rows = await tx.fetchall(
+            f"SELECT source, chunk_count, added_at FROM {SOURCES} ORDER BY source"
+        )
+        return [
+            SourceInfo(str(r[0]), int(r[1]), datetime.fromtimestamp(float(r[2]), UTC)) for r in rows
+        ]
+
+    return await store.run(body)
+
+
+def query_terms(query: str) -> list[str]:
+    """The words of ``query`` searched for: lower-cased, deduplicated, function words dropped
+    (all kept if nothing else is left), at most 32."""
+    words = list(dict.fromkeys(re.findall(r"\w+", query.lower())))
+    kept = [w for w in words if w not in _STOPWORDS] or words
+    return kept[:_MAX_TERMS]
+
+
+async def fulltext_search(store: TransactionalStore, query: str, limit: int) -> list[Hit]:
+    """The ``limit`` passages that match ``query`` best by full-text rank, best first."""
+    terms = query_terms(query)
+    if not terms or limit < 1:
+        return []
+
+    async def body(tx: Transaction) -> list[Hit]:
+        await ensure_knowledge_schema_in(tx)
+        if tx.dialect == "postgres":
+            rows = await tx.fetchall(
+                f"SELECT c.id, c.source, c.heading, c.text, ts_rank(c.tsv, q) AS rank "
+                f"FROM {CHUNKS} c, to_tsquery('english', ?) q WHERE c.tsv @@ q "
+                "ORDER BY rank DESC, c.id LIMIT ?",
+                (" | ".join(terms), limit),
+            )
+            return [Hit(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
+        match = " OR ".join(f'"{term}"' for term in terms)
+        rows = await tx.fetchall(
+            f"SELECT c.id, c.source, c.heading, c.text, f.rank FROM "
+            f"(SELECT rowid, bm25({FTS}, 2.0, 1.0) AS rank FROM {FTS} "
+            f"WHERE {FTS} MATCH ? ORDER BY rank LIMIT ?) f "
+            f"JOIN {CHUNKS} c ON c.id = f.rowid ORDER BY f.rank, c.id",
+            (match, limit),
+        )
+        return [Hit(int(r[0]), r[1], r[2], r[3], -float(r[4])) for r in rows]
+
+    return await store.run(body)
+
+
+async def chunks_by_id(store: TransactionalStore, ids: Sequence[int]) -> dict[int, Hit]:
+    """The chunks with these ids (score 0), by id; ids no longer there are left out."""
+    if not ids:
+        return {}
+
+    async def body(tx: Transaction) -> dict[int, Hit]:
+        marks = ", ".join("?" for _ in ids)
+        rows = await tx.fetchall(
+            f"SELECT id, source, heading, text FROM {CHUNKS} WHERE id IN ({marks})", list(ids)
+        )
+        return {int(r[0]): Hit(int(r[0]), r[1], r[2], r[3], 0.0) for r in rows}
+
+    return await store.run(body, write=False)
