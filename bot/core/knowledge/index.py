@@ -37,61 +37,12 @@ __all__ = [
 ]
 
 _MAX_TERMS: Final = 32
-_STOPWORDS: Final = frozenset(
-    {
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "by",
-        "can",
-        "do",
-        "does",
-        "did",
-        "for",
-        "from",
-        "has",
-        "have",
-        "how",
-        "i",
-        "if",
-        "in",
-        "is",
-        "it",
-        "its",
-        "me",
-        "my",
-        "of",
-        "on",
-        "or",
-        "our",
-        "so",
-        "than",
-        "that",
-        "the",
-        "their",
-        "there",
-        "these",
-        "this",
-        "to",
-        "was",
-        "we",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "who",
-        "why",
-        "will",
-        "with",
-        "you",
-        "your",
-    }
+_STOPWORDS_TEXT: Final = (
+    "a an and are as at be by can do does did for from has have how i if in is it its me my "
+    "of on or our so than that the their there these this to was we were what when where "
+    "which who why will with you your"
 )
+_STOPWORDS: Final = frozenset(_STOPWORDS_TEXT.split())
 
 
 @dataclass(frozen=True, slots=True)
