@@ -102,6 +102,11 @@ def test_html_keeps_headings_and_text_and_drops_scripts() -> None:
     text = html_to_text("<h2>Delivery</h2><script>alert(1)</script><p>Fast &amp; free</p>")
 
     assert text == "## Delivery\n\nFast & free"
+    # A heading wrapped over lines in the HTML is still one heading (man pages' <h1>).
+    wrapped = split_passages(
+        html_to_text("<h1>\ngit-stash(1)\nManual Page</h1><h2>NAME</h2><p>x</p>")
+    )
+    assert [p.heading for p in wrapped] == ["git-stash(1) Manual Page › NAME"]
 
 
 @settings(max_examples=60, deadline=None)

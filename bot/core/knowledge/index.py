@@ -11,6 +11,7 @@ that share the most of its rarer words.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -160,13 +161,7 @@ async def fulltext_search(store: TransactionalStore, query: str, limit: int) -> 
     async def body(tx: Transaction) -> list[Hit]:
         await ensure_knowledge_schema_in(tx)
         if tx.dialect == "postgres":
-            rows = await tx.fetchall(
-                f"SELECT c.id, c.source, c.heading, c.text, ts_rank(c.tsv, q) AS rank "
-                f"FROM {CHUNKS} c, to_tsquery('english', ?) q WHERE c.tsv @@ q "
-                "ORDER BY rank DESC, c.id LIMIT ?",
-                (" | ".join(terms), limit),
-            )
-            return [Hit(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
+            return await _postgres_search(tx, terms, limit)
         match = " OR ".join(f'"{term}"' for term in terms)
         rows = await tx.fetchall(
             f"SELECT c.id, c.source, c.heading, c.text, f.rank FROM "
@@ -193,3 +188,34 @@ async def chunks_by_id(store: TransactionalStore, ids: Sequence[int]) -> dict[in
         return {int(r[0]): Hit(int(r[0]), r[1], r[2], r[3], 0.0) for r in rows}
 
     return await store.run(body, write=False)
+
+
+_PG_RANK: Final = "ts_rank('{0.1, 0.1, 0.1, 0.15}', c.tsv, to_tsquery('english', ?), 1)"
+"""One term's weight in a passage: its frequency, the heading (A) counting 1.5 times the text
+(D), divided by 1 + log(length), as BM25 normalises for length."""
+
+
+async def _postgres_search(tx: Transaction, terms: list[str], limit: int) -> list[Hit]:
+    """BM25's shape on PostgreSQL: ``ts_rank`` has no inverse document frequency (a common
+    word would rank as high as a rare one), so each term's rank is weighted by its IDF,
+    counted on the GIN index; terms in no passage (or stop words) are left out."""
+    row = await tx.fetchone(f"SELECT count(*) FROM {CHUNKS}")
+    total = int(row[0]) if row is not None else 0
+    weighted: list[tuple[str, float]] = []
+    for term in terms:
+        found = await tx.fetchone(
+            f"SELECT count(*) FROM {CHUNKS} WHERE tsv @@ to_tsquery('english', ?)", (term,)
+        )
+        df = int(found[0]) if found is not None else 0
+        if df:
+            weighted.append((term, math.log((total - df + 0.5) / (df + 0.5) + 1.0)))
+    if not weighted:
+        return []
+    score = " + ".join(f"?::float8 * {_PG_RANK}" for _ in weighted)
+    params: list[object] = [value for term, idf in weighted for value in (idf, term)]
+    rows = await tx.fetchall(
+        f"SELECT c.id, c.source, c.heading, c.text, {score} AS rank FROM {CHUNKS} c "
+        "WHERE c.tsv @@ to_tsquery('english', ?) ORDER BY rank DESC, c.id LIMIT ?",
+        (*params, " | ".join(term for term, _ in weighted), limit),
+    )
+    return [Hit(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]

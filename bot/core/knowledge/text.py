@@ -110,26 +110,42 @@ class _TextParser(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.out: list[str] = []
         self._skip = 0
+        self._heading: list[str] | None = None
+        self._level = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag in _SKIPPED:
             self._skip += 1
-        elif len(tag) == 2 and tag[0] == "h" and tag[1] in "123456":
-            self.out.append("\n\n" + "#" * int(tag[1]) + " ")
-        elif tag in _BLOCKS:
-            self.out.append("\n\n" if tag != "br" else "\n")
+        elif _heading_level(tag):
+            self._heading, self._level = [], _heading_level(tag)
         elif tag == "li":
             self.out.append("\n- ")
+        elif tag in _BLOCKS:
+            self.out.append("\n\n" if tag != "br" else "\n")
 
     def handle_endtag(self, tag: str) -> None:
         if tag in _SKIPPED:
             self._skip = max(self._skip - 1, 0)
-        elif (len(tag) == 2 and tag[0] == "h" and tag[1] in "123456") or tag in _BLOCKS:
+        elif _heading_level(tag) and self._heading is not None:
+            # A heading is one line, however its HTML was wrapped.
+            title = " ".join("".join(self._heading).split())
+            if title:
+                self.out.append(f"\n\n{'#' * self._level} {title}\n\n")
+            self._heading = None
+        elif tag in _BLOCKS:
             self.out.append("\n\n")
 
     def handle_data(self, data: str) -> None:
-        if not self._skip:
+        if self._skip:
+            return
+        if self._heading is not None:
+            self._heading.append(data)
+        else:
             self.out.append(data)
+
+
+def _heading_level(tag: str) -> int:
+    return int(tag[1]) if len(tag) == 2 and tag[0] == "h" and tag[1] in "123456" else 0
 
 
 def html_to_text(html: str) -> str:
