@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -23,7 +24,7 @@ from bot.core.knowledge.index import fulltext_search, list_sources, query_terms,
 from bot.core.knowledge.ingest import FileOutcome, Ingestion
 from bot.core.knowledge.service import KNOWLEDGE, KnowledgeBase, KnowledgeSettings
 from bot.core.knowledge.text import MAX_CHARS, html_to_text, split_passages
-from bot.core.knowledge.vectors import Embedder
+from bot.core.knowledge.vectors import VECTORS, Embedder
 from bot.core.stores.base import TransactionalStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.tools import ToolContext
@@ -366,3 +367,36 @@ async def test_hybrid_ranking_fuses_both_lists_by_reciprocal_rank(
         1 / 61 + 1 / 62
     )
     assert {h.source for h in hits[:2]} == {"policies/returns.md", "hours.txt"}
+
+
+@pytest.mark.skipif(
+    not hasattr(sqlite3.Connection, "enable_load_extension"),
+    reason="this Python's sqlite3 cannot load extensions, so sqlite-vec cannot be used",
+)
+async def test_sqlite_vec_holds_one_vector_per_passage_through_replace_and_remove(
+    tmp_path: Path, folder: Path
+) -> None:
+    store = SQLiteSessionStore(tmp_path / "vectors.db")
+    await store.open()
+
+    async def vectors() -> int:
+        async with store.transaction() as tx:
+            row = await tx.fetchone(f"SELECT count(*) FROM {VECTORS}")
+        return int(row[0]) if row else -1
+
+    try:
+        with respx.mock(assert_all_called=False) as router:
+            _embeddings_route(router, [])
+            base = KnowledgeBase(store, Embedder("m", "http://embed.test/v1", api_key="k"))
+            await _add(base, folder)
+            assert base.vectors_unavailable is None
+            assert await vectors() == 4
+            hits = await base.search("refunds payment method", 2)
+            assert hits[0].source == "policies/returns.md"
+            (folder / "hours.txt").write_text("Hours\n\nOpen on Sundays.\n\nClosed on Mondays.")
+            await _add(base, folder)
+            assert await vectors() == 4  # the old passage's vector went with it
+            assert await remove_source(store, "hours.txt", vectors=True) == 1
+            assert await vectors() == 3
+    finally:
+        await store.close()
