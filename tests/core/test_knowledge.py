@@ -5,6 +5,7 @@ Runs on SQLite and on PostgreSQL (``scripts/with-postgres.sh``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -399,4 +400,29 @@ async def test_sqlite_vec_holds_one_vector_per_passage_through_replace_and_remov
             assert await remove_source(store, "hours.txt", vectors=True) == 1
             assert await vectors() == 3
     finally:
+        await store.close()
+
+
+async def test_a_search_never_waits_for_another_process_writing(
+    tmp_path: Path, folder: Path
+) -> None:
+    """An ingestion in another process holds the write lock for a whole file: searches of
+    the running bot read beside it (a read transaction), they do not queue behind it."""
+    store = SQLiteSessionStore(tmp_path / "shared.db")
+    await store.open()
+    other = sqlite3.connect(tmp_path / "shared.db", isolation_level=None)
+    try:
+        base = KnowledgeBase(store)
+        await _add(base, folder)
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("DELETE FROM chatflow_knowledge_chunks")  # not committed
+
+        hits = await asyncio.wait_for(base.search("refunds", 1), 2)
+        sources = await asyncio.wait_for(list_sources(store), 2)
+
+        assert hits[0].source == "policies/returns.md"
+        assert len(sources) == 3
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
         await store.close()

@@ -16,13 +16,19 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, TypeVar, cast
 
-from bot.core.knowledge.schema import CHUNKS, FTS, SOURCES, ensure_knowledge_schema_in
+from bot.core.knowledge.schema import (
+    CHUNKS,
+    FTS,
+    SOURCES,
+    ensure_knowledge_schema_in,
+    knowledge_schema_current_in,
+)
 from bot.core.knowledge.text import Passage
 from bot.core.knowledge.vectors import VECTORS
 from bot.core.sql import Transaction
-from bot.core.stores.base import TransactionalStore
+from bot.core.stores.base import TransactionalStore, TransactionBody
 
 __all__ = [
     "Hit",
@@ -72,11 +78,10 @@ async def source_hash(store: TransactionalStore, source: str) -> str | None:
     """The content hash ``source`` was added with, or ``None`` if it is not in the base."""
 
     async def body(tx: Transaction) -> str | None:
-        await ensure_knowledge_schema_in(tx)
         row = await tx.fetchone(f"SELECT content_hash FROM {SOURCES} WHERE source = ?", (source,))
         return None if row is None else str(row[0])
 
-    return await store.run(body)
+    return await _read(store, body)
 
 
 async def replace_source_in(
@@ -133,7 +138,6 @@ async def list_sources(store: TransactionalStore) -> list[SourceInfo]:
     """Every source, by name."""
 
     async def body(tx: Transaction) -> list[SourceInfo]:
-        await ensure_knowledge_schema_in(tx)
         rows = await tx.fetchall(
             f"SELECT source, chunk_count, added_at FROM {SOURCES} ORDER BY source"
         )
@@ -141,7 +145,26 @@ async def list_sources(store: TransactionalStore) -> list[SourceInfo]:
             SourceInfo(str(r[0]), int(r[1]), datetime.fromtimestamp(float(r[2]), UTC)) for r in rows
         ]
 
-    return await store.run(body)
+    return await _read(store, body)
+
+
+_T = TypeVar("_T")
+
+
+async def _read(store: TransactionalStore, body: TransactionBody[_T]) -> _T:
+    """``body`` in a read transaction (a search never waits on, nor blocks, a writer such as
+    an ingestion's long transaction); the tables are created first when missing."""
+
+    async def checked(tx: Transaction) -> tuple[bool, _T | None]:
+        if not await knowledge_schema_current_in(tx):
+            return False, None
+        return True, await body(tx)
+
+    ready, result = await store.run(checked, write=False)
+    if not ready:
+        await store.run(ensure_knowledge_schema_in)
+        ready, result = await store.run(checked, write=False)
+    return cast(_T, result)
 
 
 def query_terms(query: str) -> list[str]:
@@ -159,7 +182,6 @@ async def fulltext_search(store: TransactionalStore, query: str, limit: int) -> 
         return []
 
     async def body(tx: Transaction) -> list[Hit]:
-        await ensure_knowledge_schema_in(tx)
         if tx.dialect == "postgres":
             return await _postgres_search(tx, terms, limit)
         match = " OR ".join(f'"{term}"' for term in terms)
@@ -172,7 +194,7 @@ async def fulltext_search(store: TransactionalStore, query: str, limit: int) -> 
         )
         return [Hit(int(r[0]), r[1], r[2], r[3], -float(r[4])) for r in rows]
 
-    return await store.run(body)
+    return await _read(store, body)
 
 
 async def chunks_by_id(store: TransactionalStore, ids: Sequence[int]) -> dict[int, Hit]:

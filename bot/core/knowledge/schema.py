@@ -21,6 +21,7 @@ __all__ = [
     "FTS",
     "SOURCES",
     "ensure_knowledge_schema_in",
+    "knowledge_schema_current_in",
 ]
 
 SOURCES: Final = "chatflow_knowledge_sources"
@@ -72,8 +73,8 @@ _POSTGRES: Final[Mapping[int, tuple[str, ...]]] = {
 _TARGET: Final = max(_SQLITE)
 
 
-async def ensure_knowledge_schema_in(tx: Transaction) -> None:
-    """Create or migrate the knowledge tables inside ``tx`` (a version read when current)."""
+async def knowledge_schema_current_in(tx: Transaction) -> bool:
+    """Whether the knowledge tables exist at this code's version (one small read)."""
     try:
         row = await tx.fetchone(
             f"SELECT version FROM {VERSIONS_TABLE} WHERE component = ?", (COMPONENT,)
@@ -82,6 +83,10 @@ async def ensure_knowledge_schema_in(tx: Transaction) -> None:
         if tx.dialect == "postgres":
             raise
         row = None
-    if row is not None and int(row[0]) == _TARGET:
-        return
-    await ensure_schema(tx, COMPONENT, _POSTGRES if tx.dialect == "postgres" else _SQLITE)
+    return row is not None and int(row[0]) == _TARGET
+
+
+async def ensure_knowledge_schema_in(tx: Transaction) -> None:
+    """Create or migrate the knowledge tables inside ``tx`` (a version read when current)."""
+    if not await knowledge_schema_current_in(tx):
+        await ensure_schema(tx, COMPONENT, _POSTGRES if tx.dialect == "postgres" else _SQLITE)
