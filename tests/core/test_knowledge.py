@@ -10,9 +10,11 @@ import json
 import logging
 import re
 import sqlite3
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +28,7 @@ from bot.core.knowledge.ingest import FileOutcome, Ingestion
 from bot.core.knowledge.service import KNOWLEDGE, KnowledgeBase, KnowledgeSettings
 from bot.core.knowledge.text import MAX_CHARS, html_to_text, split_passages
 from bot.core.knowledge.vectors import VECTORS, Embedder
+from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.tools import ToolContext
@@ -426,3 +429,61 @@ async def test_a_search_never_waits_for_another_process_writing(
         other.execute("ROLLBACK")
         other.close()
         await store.close()
+
+
+async def _crash_then_rerun(root: Path, crash_at: int, after_write: bool) -> None:
+    import bot.core.knowledge.ingest as ingest_module
+
+    real = ingest_module.replace_source_in
+    calls = 0
+
+    async def crashing(tx: Transaction, *args: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls - 1 == crash_at and not after_write:
+            raise RuntimeError("killed")
+        await real(tx, *args)
+        if calls - 1 == crash_at:
+            raise RuntimeError("killed")  # inside the file's transaction, its rows written
+
+    store = SQLiteSessionStore(root / "chatflow.db")
+    await store.open()
+    try:
+        base = KnowledgeBase(store)
+        ingest_module.replace_source_in = crashing  # type: ignore[assignment]
+        try:
+            with pytest.raises(RuntimeError, match="killed"):
+                await Ingestion(base).add([root / "docs"])
+        finally:
+            ingest_module.replace_source_in = real
+        outcomes = await Ingestion(base).add([root / "docs"])
+        assert [o.status for o in outcomes] == ["unchanged"] * crash_at + ["added"] * (6 - crash_at)
+        async with store.transaction() as tx:
+            rows = await tx.fetchall(
+                "SELECT source, count(*), count(DISTINCT position), max(position) "
+                "FROM chatflow_knowledge_chunks GROUP BY source ORDER BY source"
+            )
+            await tx.execute(
+                "INSERT INTO chatflow_knowledge_fts (chatflow_knowledge_fts) "
+                "VALUES ('integrity-check')"
+            )
+            fts = "chatflow_knowledge_fts"
+            hits = await tx.fetchone(f"SELECT count(*) FROM {fts} WHERE {fts} MATCH 'unique'")
+        assert [tuple(r) for r in rows] == [(f"f{n}.md", n + 1, n + 1, n) for n in range(6)]
+        assert hits is not None and hits[0] == 21  # one "unique" per passage: 1 + 2 + ... + 6
+    finally:
+        await store.close()
+
+
+@settings(max_examples=12, deadline=None)
+@given(crash_at=st.integers(min_value=0, max_value=5), after_write=st.booleans())
+def test_a_run_that_dies_inside_any_files_transaction_then_runs_again_has_each_passage_once(
+    crash_at: int, after_write: bool
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "docs").mkdir()
+        for n in range(6):
+            sections = "\n\n".join(f"## Part {p}\n\nunique text {n}-{p}" for p in range(n + 1))
+            (root / "docs" / f"f{n}.md").write_text(f"# File {n}\n\n{sections}")
+        asyncio.run(_crash_then_rerun(root, crash_at, after_write))
