@@ -432,9 +432,8 @@ async def test_a_search_never_waits_for_another_process_writing(
 
 
 async def _crash_then_rerun(root: Path, crash_at: int, after_write: bool) -> None:
-    import bot.core.knowledge.ingest as ingest_module
+    from bot.core.knowledge.index import replace_source_in as real
 
-    real = ingest_module.replace_source_in
     calls = 0
 
     async def crashing(tx: Transaction, *args: Any) -> None:
@@ -450,12 +449,9 @@ async def _crash_then_rerun(root: Path, crash_at: int, after_write: bool) -> Non
     await store.open()
     try:
         base = KnowledgeBase(store)
-        ingest_module.replace_source_in = crashing  # type: ignore[assignment]
-        try:
-            with pytest.raises(RuntimeError, match="killed"):
-                await Ingestion(base).add([root / "docs"])
-        finally:
-            ingest_module.replace_source_in = real
+        with pytest.MonkeyPatch.context() as patch, pytest.raises(RuntimeError, match="killed"):
+            patch.setattr("bot.core.knowledge.ingest.replace_source_in", crashing)
+            await Ingestion(base).add([root / "docs"])
         outcomes = await Ingestion(base).add([root / "docs"])
         assert [o.status for o in outcomes] == ["unchanged"] * crash_at + ["added"] * (6 - crash_at)
         async with store.transaction() as tx:
