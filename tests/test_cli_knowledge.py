@@ -58,3 +58,33 @@ def test_progress_is_drawn_on_a_terminal_only() -> None:
     assert progress.summary() == (
         "knowledge: 1 added, 0 replaced, 1 unchanged, 1 failed (4 passages written)"
     )
+
+
+def test_the_embedder_comes_from_the_settings_with_its_fallbacks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    from bot.config import load_settings
+    from bot.knowledge_cli import knowledge_settings_from
+
+    for name in ("EMBEDDING_MODEL", "EMBEDDING_BASE_URL", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DATA_DIR", str(tmp_path))
+    assert knowledge_settings_from(load_settings()).embedder is None
+    monkeypatch.setenv("EMBEDDING_MODEL", "nomic-embed-text")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    embedder = knowledge_settings_from(load_settings()).embedder
+    assert embedder is not None
+    assert (embedder.model, embedder.base_url, embedder.api_key) == (
+        "nomic-embed-text",
+        "https://api.openai.com/v1",
+        "sk-x",
+    )
+
+    def base_url() -> str | None:
+        found = knowledge_settings_from(load_settings()).embedder
+        return None if found is None else found.base_url
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://vllm:8000/v1")
+    assert base_url() == "http://vllm:8000/v1"
+    monkeypatch.setenv("EMBEDDING_BASE_URL", "http://ollama:11434/v1")
+    assert base_url() == "http://ollama:11434/v1"
