@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot import Agent
+from bot import Agent, search_knowledge
 
 __all__ = ["TRIAGE_INSTRUCTIONS", "triage"]
 
@@ -17,8 +17,11 @@ You are the front desk of an online shop's customer service chat.
    - invoices, payments, charges, refunds: call transfer_to_billing.
    Do not announce the transfer and do not try to answer these yourself:
    you cannot see orders or invoices.
-4. For anything else (opening hours, general questions) answer briefly
-   yourself, and say plainly when you do not know.
+4. For the shop's policies and general questions (returns, shipping costs
+   and times, opening hours, contact), call search_knowledge with the
+   question and answer only from the passages it returns, citing the file
+   they come from, e.g. "(source: returns.md)". If it finds nothing, say
+   plainly that you do not know.
 
 Keep answers short: this is a chat. Never invent order or invoice data.
 """
@@ -29,5 +32,7 @@ triage = Agent(
     # Words here are what other agents (and the offline demo model) match on
     # when they send a customer back to the front desk.
     handoff_description="Front desk: greetings, general enquiries and routing between teams.",
+    # The shop's policies in agents/knowledge/ (`make run` adds them to the database).
+    tools=[search_knowledge],
 )
 """The starting agent; its handoffs are set in ``agents/__init__.py``."""

@@ -56,6 +56,7 @@ from bot.errors import (
     TapRefusedError,
     TurnError,
 )
+from bot.knowledge_tools import search_knowledge
 
 __all__ = [
     "DEFAULT_DEDUP_TTL_HOURS",
@@ -110,6 +111,7 @@ __all__ = [
     "list_scheduled_messages",
     "schedule_message",
     "scheduling_tools",
+    "search_knowledge",
     "tool",
     "transfer_to_human",
 ]

@@ -589,6 +589,10 @@ def _parser() -> argparse.ArgumentParser:
     period.add_argument("--since", metavar="YYYY-MM-DD", help="from this UTC day on")
     period.add_argument("--days", type=int, metavar="N", help="the last N UTC days, today included")
     usage.set_defaults(handler=_usage)
+
+    from bot.knowledge_cli import add_knowledge_parser
+
+    add_knowledge_parser(sub)
     return parser
 
 

@@ -87,6 +87,15 @@ class Settings(BaseSettings):
     attachments_dir: Path | None = None
     """The only folder a tool's ``Attachment(path=...)`` may read (symlinks resolved);
     unset: ``DATA_DIR/outbox``. Never ``DATA_DIR`` itself (the database, the secret)."""
+    max_knowledge_file_bytes: int = Field(default=20 * 1024 * 1024, gt=0)
+    """Largest file ``knowledge add`` takes (bytes); a larger one is named, skipped, and the
+    command exits 1 once the rest is added."""
+    embedding_model: str | None = Field(default=None, min_length=1)
+    """Embedding model for the knowledge base's hybrid search (``/embeddings`` at
+    ``EMBEDDING_BASE_URL``); unset: full-text search only, no model and no network."""
+    embedding_base_url: str | None = None
+    """OpenAI-compatible server for ``EMBEDDING_MODEL`` (Ollama, vLLM, OpenAI); unset:
+    ``OPENAI_BASE_URL``, else OpenAI. The key is ``OPENAI_API_KEY``."""
     voice_replies: Literal["off", "auto", "always"] = "off"
     """Spoken replies: ``off``; ``auto`` answers a voice note with a voice note (text
     otherwise); ``always`` also speaks every reply in a private chat. Speech comes from

@@ -194,3 +194,17 @@ def test_the_rate_limit_notice_is_not_labelled_as_an_agent(tmp_path: Path) -> No
 
     assert answer.startswith("[Triage] ")
     assert notice.startswith("You are sending messages faster than I can answer.")
+
+
+def test_the_demo_answers_a_policy_question_from_agents_knowledge_and_cites_the_file(
+    tmp_path: Path,
+) -> None:
+    """What ``make run`` does: add ``agents/knowledge``, then the offline demo answers."""
+    added = _bot(tmp_path, "knowledge", "add", "agents/knowledge", stdin="")
+    assert added.returncode == 0, added.stderr
+
+    (answer,) = _chat(tmp_path, "What are your opening hours on Saturday?")
+
+    assert answer.startswith("[Triage] [offline demo] According to opening-hours.md")
+    assert "Saturday from 10:00 to 14:00" in answer
+    assert answer.endswith("(source: opening-hours.md)")

@@ -67,6 +67,7 @@ LIBRARY_NAMES = {
     "ReplyStream",
     # Reminders: the opt-in tools an agent schedules messages to its chat with.
     "schedule_message",
+    "search_knowledge",
     "list_scheduled_messages",
     "cancel_scheduled_message",
     "scheduling_tools",

@@ -52,6 +52,7 @@ _TEMPLATES: Final = (
     "live.html",
     "ledger.html",
     "scheduled.html",
+    "knowledge.html",
     "approvals.html",
     "web.html",
 )

@@ -290,8 +290,11 @@ def test_starting_agent_and_handoff_graph() -> None:
 
 
 def test_each_agent_has_its_documented_tools() -> None:
-    assert [t.name for t in triage.function_tools] == []
-    assert [t.name for t in order_tracking.function_tools] == ["check_order_status"]
+    assert [t.name for t in triage.function_tools] == ["search_knowledge"]
+    assert [t.name for t in order_tracking.function_tools] == [
+        "check_order_status",
+        "search_knowledge",
+    ]
     assert [t.name for t in billing.function_tools] == [
         "get_invoice",
         "list_invoices",
