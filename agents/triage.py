@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot import Agent
+from bot import Agent, memory_tools
 
 __all__ = ["TRIAGE_INSTRUCTIONS", "triage"]
 
@@ -19,6 +19,10 @@ You are the front desk of an online shop's customer service chat.
    you cannot see orders or invoices.
 4. For anything else (opening hours, general questions) answer briefly
    yourself, and say plainly when you do not know.
+5. When the customer asks you to remember something, or tells you a lasting
+   preference (how to be contacted, a delivery detail), keep it with remember;
+   recall looks up what you kept and forget removes a fact on request. Never
+   keep payment card numbers or passwords.
 
 Keep answers short: this is a chat. Never invent order or invoice data.
 """
@@ -29,5 +33,8 @@ triage = Agent(
     # Words here are what other agents (and the offline demo model) match on
     # when they send a customer back to the front desk.
     handoff_description="Front desk: greetings, general enquiries and routing between teams.",
+    # remember / recall / forget: facts kept across conversations, per person
+    # (``bot.core.long_memory``); the ones visible here are shown after these instructions.
+    tools=[*memory_tools],
 )
 """The starting agent; its handoffs are set in ``agents/__init__.py``."""

@@ -339,6 +339,72 @@ _LIST_TEXT = 60
 """``schedule list`` cuts a job's text to this many characters."""
 
 
+async def _memory(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.core.long_memory.records import delete_memory, list_memories
+    from bot.gateway.erasure import parse_person
+    from bot.gateway.memory_scope import person_ref
+
+    store = open_store(settings)
+    try:
+        if args.action == "forget":
+            if not await delete_memory(store, args.memory_id):
+                print(f"chatflow: memory: no memory {args.memory_id}", file=sys.stderr)
+                return 2
+            print(f"forgot {args.memory_id}")
+            return 0
+        platform = person = None
+        if args.user is not None:
+            try:
+                who = parse_person(args.user)
+            except ValueError as exc:
+                print(f"chatflow: memory: {exc}", file=sys.stderr)
+                return 2
+            secret = await _installation_secret(store, settings)
+            platform, person = who.platform, person_ref(who.user_id, secret)
+        memories = await list_memories(store, platform, person)
+    finally:
+        await store.close()
+    if not memories:
+        print("No memories.")
+        return 0
+    for memory in memories:
+        whom = f"{memory.platform}:{memory.person}" if memory.about == "me" else "chat"
+        print(f"{memory.memory_id}  {memory.date}  {whom:<27} {memory.text}")
+    return 0
+
+
+async def _forget_user(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.gateway.erasure import erase_person, parse_person
+
+    try:
+        person = parse_person(args.person)
+    except ValueError as exc:
+        print(f"chatflow: forget-user: {exc}", file=sys.stderr)
+        return 2
+    if not args.yes and sys.stdin.isatty():
+        question = f"Remove everything the bot holds about {args.person}? [y/N] "
+        answer = await asyncio.to_thread(input, question)
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    store = open_store(settings)
+    try:
+        secret = await _installation_secret(store, settings)
+        erasure = await erase_person(
+            store,
+            person,
+            secret,
+            media_dir=settings.data_dir / "media",
+            transcription_model=settings.transcription_model,
+        )
+    finally:
+        await store.close()
+    print(f"removed what the bot held about {args.person}:")
+    for line in erasure.lines():
+        print(f"  {line}")
+    return 0
+
+
 async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
     from bot.core.approvals import short_arguments
     from bot.gateway.approvals import approval_rows, operator_decide
@@ -563,6 +629,39 @@ def _parser() -> argparse.ArgumentParser:
         ap_action = ap_sub.add_parser(action, help=text)
         ap_action.add_argument("approval_id", metavar="ID", help="an id from `approvals list`")
     approvals.set_defaults(handler=_approvals)
+
+    memory = sub.add_parser(
+        "memory",
+        help="list or forget the facts agents remembered (remember tool)",
+        description="Long-term memories (the same database as the bot, running or not).",
+    )
+    m_sub = memory.add_subparsers(dest="action", required=True, metavar="ACTION")
+    m_list = m_sub.add_parser("list", help="every memory, oldest first")
+    m_list.add_argument(
+        "--user",
+        metavar="PLATFORM:USER_ID",
+        default=None,
+        help="only the memories this person made, e.g. telegram:123456789",
+    )
+    m_forget = m_sub.add_parser("forget", help="remove one memory")
+    m_forget.add_argument("memory_id", metavar="ID", help="a memory id from `memory list`")
+    memory.set_defaults(handler=_memory)
+
+    forget_user = sub.add_parser(
+        "forget-user",
+        help="remove everything the bot holds about one person",
+        description="Removes the person's memories, private sessions, journal and ledger "
+        "rows, usage, scheduled jobs, approvals, buttons, pairing and window records and "
+        "media files; their messages in shared group sessions are replaced by a marker. "
+        "Prints what it removed per kind. Asks first on a terminal (--yes: don't).",
+    )
+    forget_user.add_argument(
+        "person",
+        metavar="PLATFORM:USER_ID",
+        help="e.g. telegram:123456789 (a Telegram user id) or whatsapp:15551234567",
+    )
+    forget_user.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    forget_user.set_defaults(handler=_forget_user)
 
     doctor = sub.add_parser(
         "doctor",
