@@ -68,12 +68,12 @@ async def main(root: Path, kill_at: str | None) -> None:
         original = turns.apply_memory_in
 
         async def apply_then_die(*args: Any, **kwargs: Any) -> tuple[int, int]:
-            written = await original(*args, **kwargs)
+            written: tuple[int, int] = await original(*args, **kwargs)
             assert written[0] == 1
             die()
             return written
 
-        turns.apply_memory_in = apply_then_die
+        setattr(turns, "apply_memory_in", apply_then_die)  # noqa: B010
     await gateway.start()
     await gateway.wait_ready()
     await adapter.offer_all()
