@@ -54,6 +54,7 @@ _TEMPLATES: Final = (
     "scheduled.html",
     "approvals.html",
     "web.html",
+    "memory.html",
 )
 
 

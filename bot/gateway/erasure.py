@@ -422,6 +422,6 @@ async def erase_person(
     erasure.counts["media files"] = await asyncio.to_thread(_remove_media, media_dir, erasure)
     db_path: Any = getattr(store, "db_path", None)
     if store.dialect == "sqlite" and isinstance(db_path, str) and ":memory:" not in db_path:
-        await store.close()
+        # On a connection of its own: the store's stays open (a running bot's console).
         await asyncio.to_thread(_compact_sqlite, db_path)
     return erasure
