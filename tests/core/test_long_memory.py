@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot import Agent, forget, memory_tools, recall, remember
+from bot import Agent, Compaction, Runner, RunResult, forget, memory_tools, recall, remember
 from bot.core.long_memory import (
     POLICY,
     ForgetRequest,
@@ -30,6 +30,10 @@ from bot.core.long_memory import (
     system_prompt,
     visible_memories,
 )
+from bot.core.messages import Role
+from bot.core.models.base import ModelResponse
+from bot.core.models.scripted import RecordedCall, ScriptedModel
+from bot.core.sql import Transaction
 from bot.core.stores.base import BaseSessionStore, TransactionalStore
 from bot.core.stores.in_memory import SessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
@@ -382,3 +386,46 @@ async def test_requests_without_a_scope_write_nothing(db: SQLiteSessionStore) ->
     async with db.transaction() as tx:
         made = await apply_memory_in(tx, [RememberRequest("mem_x", "t", "me")], None, "s", 1.0)
     assert made == (0, 0)
+
+
+# --- compaction -----------------------------------------------------------------------
+
+
+class _Keeper(ScriptedModel):
+    """Remembers on "remember tea", answers (and summarises) anything else."""
+
+    def _answer(self, record: RecordedCall) -> ModelResponse:
+        last = record.messages[-1] if record.messages else None
+        if last is not None and last.role is Role.USER and last.content == "remember tea":
+            return ScriptedModel.call("remember", fact="likes green tea")
+        return ModelResponse(content="fine " + "x" * 60)
+
+    async def _play(self, model, system, messages, tools, on_text):  # type: ignore[no-untyped-def]
+        self.add(self._answer)
+        return await super()._play(model, system, messages, tools, on_text)
+
+
+async def test_a_compaction_summary_never_replaces_a_remembered_fact(
+    db: SQLiteSessionStore,
+) -> None:
+    model = _Keeper()
+    agent = Agent(
+        "Support", "Help.", tools=[*memory_tools], compaction=Compaction(200, keep_recent_turns=2)
+    )
+
+    async def commit(result: RunResult, tx: Transaction) -> None:
+        await apply_memory_in(tx, result.effects, ANN_DM, "s1", 1e9)
+
+    async with Runner(agent, db, model=model) as runner:
+        with speaking_as(ANN_DM):
+            for text in ["remember tea", *(f"question {n} " + "y" * 40 for n in range(5))]:
+                await runner.run_async("s1", text, on_commit=commit)
+                await runner.compactor.wait_idle()
+            assert (await runner.compact("s1")).name == "COMPACTED"
+            await runner.run_async("s1", "and now?", on_commit=commit)
+    conversation = await db.conversation("s1")
+    assert conversation is not None and any(compacted for _m, compacted in conversation)
+    last = model.requests[-1]
+    assert "likes green tea" in last.system  # in the block, after the instructions
+    assert not any("likes green tea" in (m.content or "") for m in last.messages)
+    assert last.system.startswith("Help.\n\n")
