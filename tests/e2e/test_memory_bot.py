@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from bot.core.long_memory.block import HEADER
@@ -45,6 +46,7 @@ ALICE_GROUP = "Alice collects teal teapots"
 BOB_FACT = "Bob rides a unicycle"
 GROUP_FACT = "the group orders on Fridays"
 ALICE_SAYS = "my secret word is marzipanfox"
+ALICE_TEXTS = (ALICE_PRIVATE, ALICE_GROUP, ALICE_SAYS)
 _COMMAND = re.compile(r"(remember|note|recall|forget): *(.*)|(block\?)", re.S)
 
 
@@ -150,8 +152,26 @@ async def test_memory_is_kept_isolated_and_erased_on_request(tmp_path: Path, kin
         await bot.start()
         try:
             await _scenario(bot, Chats(telegram), openai, tmp_path / "data")
+            if db_env:  # PostgreSQL: no row of any table holds her texts
+                assert await _rows_holding(db_env["DATABASE_URL"], ALICE_TEXTS) == []
         finally:
             await bot.kill()
+
+
+async def _rows_holding(dsn: str, needles: tuple[str, ...]) -> list[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        tables = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+        )
+        found = []
+        for (table,) in tables:
+            rows = await conn.fetch(f"SELECT * FROM {table}")
+            dump = repr([tuple(r) for r in rows])
+            found += [f"{table}: {n}" for n in needles if n in dump]
+        return found
+    finally:
+        await conn.close()
 
 
 async def _scenario(bot: BotProcess, chats: Chats, openai: FakeOpenAIServer, data: Path) -> None:
@@ -202,7 +222,7 @@ async def _scenario(bot: BotProcess, chats: Chats, openai: FakeOpenAIServer, dat
     assert code == 0, err
     assert "memories: 2" in out, out
     assert re.search(r"sessions: [1-9]", out) and re.search(r"journal rows: [1-9]", out), out
-    alice_texts = [ALICE_PRIVATE, ALICE_GROUP, ALICE_SAYS]  # (Bob's queries name her words)
+    alice_texts = list(ALICE_TEXTS)  # (Bob's queries name some of her words)
     assert _files_holding(data, alice_texts) == []
     code, listed, _ = await bot.command("memory", "list")
     assert code == 0 and BOB_FACT in listed and GROUP_FACT in listed
