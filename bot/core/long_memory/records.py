@@ -89,37 +89,46 @@ def _memory(row: Sequence[Any]) -> Memory:
     )
 
 
-async def visible_in(tx: Transaction, scope: MemoryScope) -> list[Memory]:
-    """The memories visible in ``scope``, oldest first (a stable order)."""
-    await ensure_memory_schema_in(tx)
-    where, params = visible_sql(scope)
-    rows = await tx.fetchall(
-        f"SELECT {_COLUMNS} FROM {TABLE} WHERE {where} ORDER BY created_at, id LIMIT ?",
-        (*params, _READ_LIMIT),
-    )
-    return [_memory(row) for row in rows]
+async def _exists(tx: Transaction) -> bool:
+    """Whether the table was made (reads run in read-only transactions: no DDL there)."""
+    if tx.dialect == "sqlite":
+        row = await tx.fetchone(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
+        )
+        return row is not None
+    row = await tx.fetchone("SELECT to_regclass(?) IS NOT NULL", (TABLE,))
+    return bool(row and row[0])
 
 
 async def visible_memories(store: TransactionalStore, scope: MemoryScope) -> list[Memory]:
-    """``visible_in`` in a transaction of its own."""
+    """The memories visible in ``scope``, oldest first (a stable order); read-only (every
+    turn of a memory agent reads them)."""
 
     async def body(tx: Transaction) -> list[Memory]:
-        return await visible_in(tx, scope)
+        if not await _exists(tx):
+            return []  # nothing was ever remembered here
+        where, params = visible_sql(scope)
+        rows = await tx.fetchall(
+            f"SELECT {_COLUMNS} FROM {TABLE} WHERE {where} ORDER BY created_at, id LIMIT ?",
+            (*params, _READ_LIMIT),
+        )
+        return [_memory(row) for row in rows]
 
-    return await store.run(body)
+    return await store.run(body, write=False)
 
 
 async def count_remembered_by(store: TransactionalStore, platform: str, person: str) -> int:
     """How many memories ``person`` made (both kinds): what ``MAX_MEMORIES_PER_PERSON`` counts."""
 
     async def body(tx: Transaction) -> int:
-        await ensure_memory_schema_in(tx)
+        if not await _exists(tx):
+            return 0
         row = await tx.fetchone(
             f"SELECT COUNT(*) FROM {TABLE} WHERE platform = ? AND person = ?", (platform, person)
         )
         return int(row[0]) if row else 0
 
-    return await store.run(body)
+    return await store.run(body, write=False)
 
 
 async def apply_memory_in(
