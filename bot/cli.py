@@ -340,69 +340,15 @@ _LIST_TEXT = 60
 
 
 async def _memory(settings: Settings, args: argparse.Namespace) -> int:
-    from bot.core.long_memory.records import delete_memory, list_memories
-    from bot.gateway.erasure import parse_person
-    from bot.gateway.memory_scope import person_ref
+    from bot.memory_commands import memory
 
-    store = open_store(settings)
-    try:
-        if args.action == "forget":
-            if not await delete_memory(store, args.memory_id):
-                print(f"chatflow: memory: no memory {args.memory_id}", file=sys.stderr)
-                return 2
-            print(f"forgot {args.memory_id}")
-            return 0
-        platform = person = None
-        if args.user is not None:
-            try:
-                who = parse_person(args.user)
-            except ValueError as exc:
-                print(f"chatflow: memory: {exc}", file=sys.stderr)
-                return 2
-            secret = await _installation_secret(store, settings)
-            platform, person = who.platform, person_ref(who.user_id, secret)
-        memories = await list_memories(store, platform, person)
-    finally:
-        await store.close()
-    if not memories:
-        print("No memories.")
-        return 0
-    for memory in memories:
-        whom = f"{memory.platform}:{memory.person}" if memory.about == "me" else "chat"
-        print(f"{memory.memory_id}  {memory.date}  {whom:<27} {memory.text}")
-    return 0
+    return await memory(settings, args, _installation_secret)
 
 
 async def _forget_user(settings: Settings, args: argparse.Namespace) -> int:
-    from bot.gateway.erasure import erase_person, parse_person
+    from bot.memory_commands import forget_user
 
-    try:
-        person = parse_person(args.person)
-    except ValueError as exc:
-        print(f"chatflow: forget-user: {exc}", file=sys.stderr)
-        return 2
-    if not args.yes and sys.stdin.isatty():
-        question = f"Remove everything the bot holds about {args.person}? [y/N] "
-        answer = await asyncio.to_thread(input, question)
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing removed")
-            return 1
-    store = open_store(settings)
-    try:
-        secret = await _installation_secret(store, settings)
-        erasure = await erase_person(
-            store,
-            person,
-            secret,
-            media_dir=settings.data_dir / "media",
-            transcription_model=settings.transcription_model,
-        )
-    finally:
-        await store.close()
-    print(f"removed what the bot held about {args.person}:")
-    for line in erasure.lines():
-        print(f"  {line}")
-    return 0
+    return await forget_user(settings, args, _installation_secret)
 
 
 async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
