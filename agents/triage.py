@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot import Agent, search_knowledge
+from bot import Agent, memory_tools, search_knowledge
 
 __all__ = ["TRIAGE_INSTRUCTIONS", "triage"]
 
@@ -22,6 +22,10 @@ You are the front desk of an online shop's customer service chat.
    question and answer only from the passages it returns, citing the file
    they come from, e.g. "(source: returns.md)". If it finds nothing, say
    plainly that you do not know.
+5. When the customer asks you to remember something, or tells you a lasting
+   preference (how to be contacted, a delivery detail), keep it with remember;
+   recall looks up what you kept and forget removes a fact on request. Never
+   keep payment card numbers or passwords.
 
 Keep answers short: this is a chat. Never invent order or invoice data.
 """
@@ -32,7 +36,9 @@ triage = Agent(
     # Words here are what other agents (and the offline demo model) match on
     # when they send a customer back to the front desk.
     handoff_description="Front desk: greetings, general enquiries and routing between teams.",
-    # The shop's policies in agents/knowledge/ (`make run` adds them to the database).
-    tools=[search_knowledge],
+    # The shop's policies in agents/knowledge/ (`make run` adds them to the database);
+    # remember / recall / forget: facts kept across conversations, per person
+    # (``bot.core.long_memory``); the ones visible here are shown after these instructions.
+    tools=[search_knowledge, *memory_tools],
 )
 """The starting agent; its handoffs are set in ``agents/__init__.py``."""

@@ -347,6 +347,18 @@ _LIST_TEXT = 60
 """``schedule list`` cuts a job's text to this many characters."""
 
 
+async def _memory(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.memory_commands import memory
+
+    return await memory(settings, args, _installation_secret)
+
+
+async def _forget_user(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.memory_commands import forget_user
+
+    return await forget_user(settings, args, _installation_secret)
+
+
 async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
     from bot.core.approvals import short_arguments
     from bot.gateway.approvals import approval_rows, operator_decide
@@ -571,6 +583,39 @@ def _parser() -> argparse.ArgumentParser:
         ap_action = ap_sub.add_parser(action, help=text)
         ap_action.add_argument("approval_id", metavar="ID", help="an id from `approvals list`")
     approvals.set_defaults(handler=_approvals)
+
+    memory = sub.add_parser(
+        "memory",
+        help="list or forget the facts agents remembered (remember tool)",
+        description="Long-term memories (the same database as the bot, running or not).",
+    )
+    m_sub = memory.add_subparsers(dest="action", required=True, metavar="ACTION")
+    m_list = m_sub.add_parser("list", help="every memory, oldest first")
+    m_list.add_argument(
+        "--user",
+        metavar="PLATFORM:USER_ID",
+        default=None,
+        help="only the memories this person made, e.g. telegram:123456789",
+    )
+    m_forget = m_sub.add_parser("forget", help="remove one memory")
+    m_forget.add_argument("memory_id", metavar="ID", help="a memory id from `memory list`")
+    memory.set_defaults(handler=_memory)
+
+    forget_user = sub.add_parser(
+        "forget-user",
+        help="remove everything the bot holds about one person",
+        description="Removes the person's memories, private sessions, journal and ledger "
+        "rows, usage, scheduled jobs, approvals, buttons, pairing and window records and "
+        "media files; their messages in shared group sessions are replaced by a marker. "
+        "Prints what it removed per kind. Asks first on a terminal (--yes: don't).",
+    )
+    forget_user.add_argument(
+        "person",
+        metavar="PLATFORM:USER_ID",
+        help="e.g. telegram:123456789 (a Telegram user id) or whatsapp:15551234567",
+    )
+    forget_user.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    forget_user.set_defaults(handler=_forget_user)
 
     doctor = sub.add_parser(
         "doctor",

@@ -227,6 +227,13 @@ class Settings(BaseSettings):
     schedule_timezone: str = "UTC"
     """IANA time zone (``Europe/Berlin``) of repeating schedules when the model names
     none; repeats keep their local time across daylight-saving changes."""
+    max_memories_per_person: int = Field(default=200, gt=0)
+    """Facts one person may have the bot remember (``remember``), both kinds together."""
+    max_memory_chars: int = Field(default=500, gt=0)
+    """Longest fact ``remember`` keeps, in characters; a longer one is refused."""
+    memory_prompt_chars: int = Field(default=2000, ge=0)
+    """Characters of remembered facts shown to the model after its instructions each turn
+    (agents with the memory tools, or ``Agent(memory=True)``); 0: none."""
     schedule_max_lateness_seconds: float = Field(default=86_400.0, gt=0)
     """A scheduled message found later than this (the bot was down) is dropped, not sent."""
     button_ttl_seconds: float = Field(default=86_400.0, gt=0)

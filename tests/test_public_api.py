@@ -71,6 +71,11 @@ LIBRARY_NAMES = {
     "list_scheduled_messages",
     "cancel_scheduled_message",
     "scheduling_tools",
+    # Long-term memory (issue #39): bot.memory_tools.
+    "remember",
+    "recall",
+    "forget",
+    "memory_tools",
     # Buttons: choices a tool offers under the reply (issue #29), and a refused tap.
     "Button",
     "TapRefusedError",

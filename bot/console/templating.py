@@ -55,6 +55,7 @@ _TEMPLATES: Final = (
     "knowledge.html",
     "approvals.html",
     "web.html",
+    "memory.html",
 )
 
 

@@ -97,6 +97,9 @@ class ConsoleServices:
     decide_approval: Callable[[str, Literal["approve", "deny"]], Awaitable[str]] | None = None
     """The operator's Approve / Deny of a gated tool call (``Approvals.decide``); ``None``:
     the Approvals page only lists."""
+    forget_person: Callable[[str], Awaitable[list[str]]] | None = None
+    """``forget-user``: erases one person (``PLATFORM:USER_ID``), returning what it removed
+    per kind (``bot.gateway.erasure``); ``None``: the Memory page only lists."""
 
 
 class ConsoleViews:

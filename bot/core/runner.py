@@ -35,6 +35,7 @@ from bot.core.buttons import Button, offer_buttons
 from bot.core.compaction import Compaction
 from bot.core.compactor import CompactionOutcome, CompactionPlans, Compactor
 from bot.core.ids import log_session_id
+from bot.core.long_memory.block import system_prompt
 from bot.core.mcp.lifecycle import close_servers, connect_servers
 from bot.core.mcp.servers import MCPServer
 from bot.core.messages import ImagePart, Message, MessagePart, Role, ToolCall
@@ -483,9 +484,12 @@ class Runner:
             await self._decided_call(turn, resume, inbound_message_id)
         has_image = any(isinstance(part, ImagePart) for part in parts)
         tool_rounds = 0
+        prompts: dict[str, str] = {}  # per agent, read once: the same prefix every round
         while True:
             agent = session.active_agent
-            response = await self._call_model(session, agent, stream)
+            if agent.name not in prompts:
+                prompts[agent.name] = await system_prompt(agent, self.store, self.tool_services)
+            response = await self._call_model(session, agent, stream, prompts[agent.name])
             turn.called(CallUsage("chat", self._models[agent.name][1], agent.name, response.usage))
             calls, invalid = _unique_ids(response.tool_calls, response.invalid_tool_calls)
             if not calls and not (response.content or "").strip():
@@ -615,7 +619,7 @@ class Runner:
         await self._add_result(turn, agent, call, output)
 
     async def _call_model(
-        self, session: SessionContext, agent: Agent, stream: ReplyStream | None
+        self, session: SessionContext, agent: Agent, stream: ReplyStream | None, system: str
     ) -> ModelResponse:
         model, model_name = self._models[agent.name]
         messages = session.history if agent.vision else without_images(session.history)
@@ -627,7 +631,7 @@ class Runner:
                 stream if agent.stream and self.stream_replies else None,
                 agent.name,
                 model=model_name,
-                system=agent.instructions,
+                system=system,
                 messages=messages,
                 tools=tools,
             )

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 from bot.config import Settings
 from bot.core.approvals import APPROVAL_BUTTON_PREFIX
+from bot.core.long_memory.tools import POLICY as MEMORY_POLICY
+from bot.core.long_memory.tools import MemoryPolicy
 from bot.core.models.routing import ModelSettings
 from bot.core.runner import Runner
 from bot.core.scheduling import POLICY as SCHEDULING_POLICY
@@ -167,6 +169,12 @@ class Gateway:
             min_repeat_seconds=settings.min_repeat_seconds,
             timezone=settings.schedule_timezone,
         )
+        runner.tool_services[MEMORY_POLICY] = MemoryPolicy(
+            settings.max_memories_per_person,
+            settings.max_memory_chars,
+            settings.memory_prompt_chars,
+        )
+        self.turns.memory_secret = secret
         self.access = AccessControl(settings, self.turns, secret, self._queue_answers)
         # Token usage recorded with each turn; the daily budget judged with the rate limits.
         self.accounting = TokenAccounting(

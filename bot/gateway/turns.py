@@ -24,6 +24,8 @@ from bot.core.attachments import OutgoingPart
 from bot.core.buttons import Button
 from bot.core.compactor import CompactionOutcome
 from bot.core.human_handoff import requested_human
+from bot.core.long_memory.records import apply_memory_in
+from bot.core.long_memory.scope import speaking_as
 from bot.core.runner import Runner, RunResult
 from bot.core.scheduling import JobRoute, apply_in
 from bot.core.sql import Transaction
@@ -39,6 +41,7 @@ from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.keyboards import new_keyboard
 from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.media_fetch import MediaFetcher, PreparedMedia
+from bot.gateway.memory_scope import scope_for
 from bot.gateway.outbox import Outbox
 from bot.gateway.replies import Replies
 from bot.gateway.reply_context import reply_context, with_reply_context
@@ -86,6 +89,9 @@ class Turns:
         sets it."""
         self.approvals: Approvals | None = None
         """Records pending approvals in tx 2 and runs decided ones' turns; the gateway sets it."""
+        self.memory_secret: bytes | None = None
+        """Keys the hashes of a turn's memory scope (``bot.gateway.memory_scope``); without
+        it (the gateway sets it) turns have no memory."""
         self.runner = runner
         self.store = store
         self.inbox = inbox
@@ -199,6 +205,8 @@ class Turns:
         task: asyncio.Task[object] | None = asyncio.current_task()
         calls: list[CallUsage] = []  # the turn's model calls, as each returns
         committed = False
+        secret = self.memory_secret
+        scope = None if secret is None else scope_for(event, secret)
 
         def spent() -> list[CallUsage]:
             """Every billed call of the turn: its transcriptions, then its model calls."""
@@ -237,8 +245,11 @@ class Turns:
                 # Who asked: their jobs' turns are charged to them, revoking them stops them.
                 sender=None if self.accounting is None else self.accounting.sender_key(event),
             )
-            added, _ = await apply_in(tx, result.effects, route, self.store.now().timestamp())
+            now = self.store.now().timestamp()
+            added, _ = await apply_in(tx, result.effects, route, now)
             scheduled.append(added)
+            # In the scope of the inbound message, never one the model named.
+            await apply_memory_in(tx, result.effects, scope, entry.session_id, now)
             person = requested_human(result.new_messages, self.runner.get_agent)
             if person is not None:
                 await self.takeovers.take_over_in(tx, entry.session_id, person)
@@ -280,16 +291,17 @@ class Turns:
             run: Callable[..., Awaitable[RunResult]] = self.runner.run_async
             if self.approvals is not None and self.approvals.continues(entry):
                 run = self.approvals.continuation(entry)  # a decided approval's turn
-            result = await run(
-                entry.session_id,
-                text,
-                metadata,
-                on_commit=commit,
-                parts=media.parts,
-                stream=drafts,
-                before_commit=speak,
-                calls=calls,
-            )
+            with speaking_as(scope):
+                result = await run(
+                    entry.session_id,
+                    text,
+                    metadata,
+                    on_commit=commit,
+                    parts=media.parts,
+                    stream=drafts,
+                    before_commit=speak,
+                    calls=calls,
+                )
             committed = True
             if self.approvals is not None:
                 self.approvals.committed(result)

@@ -290,7 +290,12 @@ def test_starting_agent_and_handoff_graph() -> None:
 
 
 def test_each_agent_has_its_documented_tools() -> None:
-    assert [t.name for t in triage.function_tools] == ["search_knowledge"]
+    assert [t.name for t in triage.function_tools] == [
+        "search_knowledge",
+        "remember",
+        "recall",
+        "forget",
+    ]
     assert [t.name for t in order_tracking.function_tools] == [
         "check_order_status",
         "search_knowledge",
