@@ -90,6 +90,8 @@ class RunResult:
     """Requests the turn's tools left for its commit (``ToolContext.effects``), in order."""
     buttons: tuple[Button, ...] = ()
     """Choices shown under the final reply: those of the turn's last tool output with any."""
+    anyone_may_tap: bool = False
+    """That tool output's ``anyone_may_tap``: any member of a group may tap ``buttons``."""
     pending_approval: PendingApproval | None = None
     """Set when the turn ended on a tool call that waits for approval (``content`` asks
     the person; ``buttons`` are Approve / Deny): decide with ``Runner.resume_async``."""
@@ -115,6 +117,7 @@ class _Turn:
     attachments: list[OutgoingPart] = field(default_factory=list)
     effects: list[object] = field(default_factory=list)
     buttons: tuple[Button, ...] = ()
+    anyone_may_tap: bool = False
 
     def add(self, message: Message) -> None:
         self.session.add_message(message)
@@ -139,6 +142,7 @@ class _Turn:
             attachments=self.attachments,
             effects=self.effects,
             buttons=self.buttons if pending is None else approval_buttons(pending),
+            anyone_may_tap=self.anyone_may_tap and pending is None,
             pending_approval=pending,
         )
 
@@ -552,7 +556,10 @@ class Runner:
         """The call's result joins the history; its files and buttons join the turn's."""
         text, files = await self._tool_files.keep(output)  # bytes to the media store
         turn.attachments.extend(files)
-        text, turn.buttons = offer_buttons(output, text, turn.buttons)
+        text, buttons = offer_buttons(output, text, turn.buttons)
+        if buttons is not turn.buttons:  # this output's keyboard is the turn's now
+            turn.buttons = buttons
+            turn.anyone_may_tap = bool(getattr(output, "anyone_may_tap", False))
         turn.add(
             Message(
                 role=Role.TOOL,

@@ -53,7 +53,8 @@ from bot.gateway.approval_table import (
 from bot.gateway.contract import MessageEvent
 from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.keys import hash_sender_id
-from bot.gateway.taps import TapInfo, TapOutcome
+from bot.gateway.ledger.keyboards import find_button_in
+from bot.gateway.taps import NOT_YOURS, TapInfo, TapOutcome
 from bot.metrics import Metrics
 
 __all__ = [
@@ -80,7 +81,6 @@ DEFAULT_TTL_SECONDS: Final = 3600.0
 POLL_SECONDS: Final = 5.0
 """Longest wait between two looks for expired approvals and operator decisions."""
 
-NOT_YOURS: Final = "Only the person who asked can answer this."
 DONE_BEFORE: Final = "This was already answered."
 EXPIRED_NOTICE: Final = "This request has expired."
 _NOTICES: Final[Mapping[DecideOutcome, str]] = {
@@ -147,13 +147,7 @@ class Approvals:
         pending = result.pending_approval
         if pending is None:
             return
-        parent = await read_approval_in(tx, approval_id) if continued else None
-        # A continuation that asks again asks the person who asked first.
-        sender_ref = (
-            parent.sender_ref
-            if parent is not None
-            else hash_sender_id(entry.event.source.sender_id, self._secret)
-        )
+        sender_ref = await self.requester_in(tx, entry)
         now = self.now()
         event = entry.event
         await tx.execute(
@@ -176,6 +170,25 @@ class Approvals:
                 now + self.ttl_seconds,
             ),
         )
+
+    async def requester_in(self, tx: Transaction, entry: InboxEntry) -> str:
+        """The keyed hash of the person ``entry``'s turn answers: who may approve what it
+        asks, and whose keyboard its reply carries.
+
+        A continuation answers the person who asked first; a tap on a keyboard any
+        member may use (a poll) answers the person the keyboard was sent to, so the
+        conversation's owner stays its approver; any other turn its sender.
+        """
+        event = entry.event
+        if self.continues(entry):
+            parent = await read_approval_in(tx, event.message_id[len(APPROVAL_REF_PREFIX) :])
+            if parent is not None:
+                return parent.sender_ref
+        if event.button is not None and event.tap_token:
+            keyboard = await find_button_in(tx, event.tap_token)
+            if keyboard is not None and keyboard.owner_ref is not None:
+                return keyboard.owner_ref
+        return hash_sender_id(event.source.sender_id, self._secret)
 
     def committed(self, result: RunResult) -> None:
         """After a turn's commit: count the approval it asked for (a rolled-back tx 2

@@ -105,7 +105,11 @@ class Gateway:
         )
         # Button taps: resolved before tx 1, their keyboard marked used in it.
         self.taps = Taps(
-            store, ttl_seconds=settings.button_ttl_seconds, inbox=self.inbox, metrics=self.metrics
+            store,
+            ttl_seconds=settings.button_ttl_seconds,
+            inbox=self.inbox,
+            metrics=self.metrics,
+            secret=secret,
         )
         self.ledger = DeliveryLedger(
             store,
@@ -161,6 +165,7 @@ class Gateway:
         )
         self.approvals.on_turns = self._queue_turns
         self.turns.approvals = self.approvals
+        self.turns.keyboard_owner = self._keyboard_owner
         self.taps.intercept(APPROVAL_BUTTON_PREFIX, self.approvals.on_tap)
         runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(settings.max_scheduled_per_chat)
         self.access = AccessControl(settings, self.turns, secret, self._queue_answers)
@@ -516,6 +521,13 @@ class Gateway:
             return False
         self.metrics.count_in(platform)
         return True
+
+    async def _keyboard_owner(self, tx: Transaction, entry: InboxEntry) -> str | None:
+        """Whose keyboard a reply to ``entry`` carries: the person its turn answered;
+        ``None`` for a scheduled turn's (the chat stands in for its sender)."""
+        if entry.event.scheduled and not self.approvals.continues(entry):
+            return None
+        return await self.approvals.requester_in(tx, entry)
 
     async def _on_accept_in(self, tx: Transaction, event: MessageEvent) -> None:
         """In tx 1 of every accepted message: the contact window, the tapped keyboard."""
