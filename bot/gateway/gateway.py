@@ -36,7 +36,7 @@ from bot.gateway.access.control import AccessControl
 from bot.gateway.access.gate import Gate
 from bot.gateway.accounting import TokenAccounting
 from bot.gateway.aliases import ChatAliases
-from bot.gateway.approvals import APPROVAL_REF_PREFIX, Approvals
+from bot.gateway.approvals import APPROVAL_REF_PREFIX, ApprovalRow, Approvals
 from bot.gateway.contract import PlatformAdapter
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
 from bot.gateway.events import MessageEvent, encodable
@@ -44,7 +44,7 @@ from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import log_ref
 from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.ledger.obligations import Obligation
+from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.media_fetch import build_media_fetcher
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.replies import Replies
@@ -166,6 +166,7 @@ class Gateway:
         self.approvals.on_turns = self._queue_turns
         self.turns.approvals = self.approvals
         self.turns.keyboard_owner = self._keyboard_owner
+        self.approvals.send_details = self._send_details
         self.taps.intercept(APPROVAL_BUTTON_PREFIX, self.approvals.on_tap)
         runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(settings.max_scheduled_per_chat)
         self.access = AccessControl(settings, self.turns, secret, self._queue_answers)
@@ -521,6 +522,28 @@ class Gateway:
             return False
         self.metrics.count_in(platform)
         return True
+
+    async def _send_details(self, row: ApprovalRow, text: str) -> None:
+        """Owe ``text`` (an approval's whole call) to its chat through the ledger and send
+        it now; once per approval and text (a second tap finds it recorded)."""
+        message_ref = f"approval-details:{row.approval_id}"
+        obligation = Obligation.owed(
+            obligation_id=compute_obligation_id(row.session_key, message_ref, text),
+            session_key=row.session_key,
+            session_id=row.session_id,
+            platform=row.platform,
+            chat_id=row.chat_id,
+            thread_id=row.thread_id,
+            reply_to=None,
+            content=text,
+            message_ref=message_ref,
+        )
+
+        async def owe(tx: Transaction) -> bool:
+            return await self.ledger.record_in(tx, obligation, claimed=True)
+
+        if await self.store.run(owe):
+            await self.outbox.send(obligation.claimed())
 
     async def _keyboard_owner(self, tx: Transaction, entry: InboxEntry) -> str | None:
         """Whose keyboard a reply to ``entry`` carries: the person its turn answered;
