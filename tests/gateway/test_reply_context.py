@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.core.models.scripted import ScriptedModel
+from bot.core.stores.base import TransactionalStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.contract import MediaAttachment, SendResult
 from bot.gateway.ledger import DeliveryLedger
@@ -229,6 +230,15 @@ async def test_a_reply_quotes_only_its_own_chats_message_of_that_id(
 
 async def test_the_ledger_finds_a_sent_id_by_chat_and_thread(tmp_path: Path) -> None:
     store = SQLiteSessionStore(str(tmp_path / "chatflow.db"))
+    try:
+        await check_sent_ids_by_chat(store)
+    finally:
+        await store.close()
+
+
+async def check_sent_ids_by_chat(store: TransactionalStore) -> None:
+    """Two chats' messages share an id (Telegram numbers per chat), one more in a topic:
+    each is found by its own chat and thread, and only there."""
     ledger = DeliveryLedger(store)
     await ledger.open()
     try:
@@ -258,4 +268,3 @@ async def test_the_ledger_finds_a_sent_id_by_chat_and_thread(tmp_path: Path) -> 
         assert await find("5", platform="telegram", chat=("c", None)) is None
     finally:
         await ledger.flush()
-        await store.close()
