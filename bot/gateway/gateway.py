@@ -547,7 +547,10 @@ class Gateway:
 
     async def _keyboard_owner(self, tx: Transaction, entry: InboxEntry) -> str | None:
         """Whose keyboard a reply to ``entry`` carries: the person its turn answered;
-        ``None`` for a scheduled turn's (the chat stands in for its sender)."""
+        ``None`` for a scheduled turn's (the chat stands in for its sender) and in a
+        channel (a post's sender is the channel: any subscriber may tap)."""
+        if entry.event.source.chat_type == "channel":
+            return None
         if entry.event.scheduled and not self.approvals.continues(entry):
             return None
         return await self.approvals.requester_in(tx, entry)
