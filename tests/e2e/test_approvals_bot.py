@@ -8,8 +8,10 @@ tool's runs are counted in ``DATA_DIR/refunds.log``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 
 from bot.core.approvals import DECLINED_RESULT, EXPIRED_RESULT
-from bot.gateway.approvals import NOT_YOURS
+from bot.gateway.approvals import NOT_YOURS, TABLE
 from bot.gateway.taps import EXPIRED_NOTICE
 from tests.e2e.botprocess import BotProcess
 from tests.e2e.telegram_bot_fixtures import telegram
@@ -84,6 +86,12 @@ def labels(telegram: FakeTelegramServer, chat: int, message_id: int) -> list[str
     return [button["text"] for row in rows for button in row]
 
 
+def approval_ids(data_dir: Path) -> list[str]:
+    """Every approval's id in the bot's database (the operator's `approvals show` needs one)."""
+    with contextlib.closing(sqlite3.connect(data_dir / "chatflow.db")) as db:
+        return [str(row[0]) for row in db.execute(f"SELECT id FROM {TABLE}")]
+
+
 def ask(openai: FakeOpenAIServer, *then: str) -> None:
     """Script the model: call refund, then answer each of ``then`` in turn."""
     openai.add(openai.call("refund", order_id="1001", amount=25), *(openai.reply(t) for t in then))
@@ -129,9 +137,7 @@ async def test_telegram_a_failed_answer_after_the_approved_refund_keeps_that_it_
         (question,) = await telegram.wait_for_sent(1, within=20)
         telegram.buttons.tap(ALICE, question.message_id, "Approve")
         (_, apology) = await telegram.wait_for_sent(2, within=20)
-        [approval_id] = [
-            line.split("approval ")[1].split()[0] for line in bot.log if " resumes (" in line
-        ]
+        [approval_id] = await asyncio.to_thread(approval_ids, bot.data_dir)
         code, shown, err = await bot.command("approvals", "show", approval_id)
         retry = telegram_update("private_text", 2, text="did it work?", message_id=2)
         del retry["update_id"]  # numbered by the fake, after the tap it pushed
