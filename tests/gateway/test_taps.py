@@ -19,9 +19,11 @@ from bot.config import Settings
 from bot.core.messages import Role
 from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.sqlite import SQLiteSessionStore
+from bot.gateway.approvals import approval_rows
 from bot.gateway.contract import MessageEvent, OutgoingButton
 from bot.gateway.events import event_from_dict, event_to_dict
 from bot.gateway.gateway import Gateway
+from bot.gateway.keys import hash_sender_id
 from bot.gateway.ledger.keyboards import TABLE as BUTTONS_TABLE
 from bot.gateway.ledger.obligations import TABLE
 from bot.gateway.taps import (
@@ -57,6 +59,12 @@ def ask_approval() -> ToolOutput:
 def ask_group() -> ToolOutput:
     """Offer a poll to the whole group."""
     return ToolOutput("poll offered", buttons=["Monday", "Tuesday"], anyone_may_tap=True)
+
+
+@tool(needs_approval=True)
+def book(day: str) -> str:
+    """Book the outing."""
+    return f"booked {day}"
 
 
 @dataclass
@@ -96,7 +104,9 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     clock = FakeClock()
     store = SQLiteSessionStore(str(tmp_path / "chatflow.db"), clock=clock)
     model = ScriptedModel()
-    agent = Agent(name="Shop", instructions="Sell.", tools=[ask_size, ask_approval, ask_group])
+    agent = Agent(
+        name="Shop", instructions="Sell.", tools=[ask_size, ask_approval, ask_group, book]
+    )
     runner = Runner(agent, store, model=model)
     adapter = ButtonAdapter()
     settings = Settings(data_dir=tmp_path, button_ttl_seconds=600)
@@ -398,3 +408,25 @@ def test_a_tap_survives_the_inbox_journal() -> None:
     assert back == tap and tap_text(back).endswith("value: 'size:L']")
     plain = event_to_dict(make_event("hi"))
     assert "button" not in plain and event_from_dict(plain).button is None
+
+
+async def test_a_polls_tap_leaves_the_conversations_person_its_approver(rig: Rig) -> None:
+    """G2: Bob's tap on a poll runs in Alice's conversation; the approval it asks for is
+    Alice's to give, not Bob's."""
+    rig.model.add(ScriptedModel.call("ask_group"), ScriptedModel.reply("Which day, everyone?"))
+    assert await rig.adapter.deliver(in_group("@bot plan the outing", "alice"))
+    await rig.adapter.wait_for_sent(1)
+    poll = rig.adapter.keyboards[-1]
+    rig.model.add(ScriptedModel.call("book", day="Tuesday"))
+    assert await rig.adapter.deliver(
+        in_group("", "bob", message_id="fake:tap:bob", tap_token=poll[1].token)
+    )
+    await rig.adapter.wait_for_sent(2)
+    [row] = await approval_rows(rig.store)
+    assert row.sender_ref == hash_sender_id("alice", SECRET)
+    approve = rig.adapter.keyboards[-1][0]
+    assert not await rig.adapter.deliver(
+        in_group("", "bob", message_id="fake:tap:bob-2", tap_token=approve.token)
+    )
+    assert rig.adapter.answers[-1] == ("fake:tap:bob-2", NOT_YOURS)
+    assert [r.state for r in await approval_rows(rig.store)] == ["pending"]
