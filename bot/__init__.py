@@ -38,7 +38,7 @@ from bot.core.stores.base import DEFAULT_DEDUP_TTL_HOURS, BaseSessionStore, Sess
 from bot.core.stores.in_memory import SessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.streaming import ReplyStream
-from bot.core.tools import ToolContext, tool
+from bot.core.tools import Decline, ToolContext, tool
 from bot.core.usage import CallUsage
 from bot.core.voice import Voice
 from bot.errors import (
@@ -73,6 +73,7 @@ __all__ = [
     "Compaction",
     "ConfigurationError",
     "ContactPart",
+    "Decline",
     "DocumentPart",
     "EmptyAnswerError",
     "ImagePart",

@@ -360,11 +360,17 @@ async def _forget_user(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
-    from bot.core.approvals import short_arguments
-    from bot.gateway.approvals import approval_rows, operator_decide
+    from bot.gateway.approvals import approval_rows, find_approval, operator_decide
 
     store = open_store(settings)
     try:
+        if args.action == "show":
+            found = await find_approval(store, args.approval_id)
+            if found is None:
+                print(f"chatflow: approvals: no approval {args.approval_id}", file=sys.stderr)
+                return 2
+            print(found.describe())
+            return 0
         if args.action in ("approve", "deny"):
             outcome = await operator_decide(store, args.approval_id, args.action)
             if outcome in ("approved", "denied"):
@@ -388,10 +394,11 @@ async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         expires = row.expires_at.isoformat(timespec="seconds").replace("+00:00", "Z")
-        args_text = short_arguments(row.arguments)
+        # The whole arguments: nothing runs on approve that is not printed here.
+        args_text = json.dumps(row.arguments, ensure_ascii=False, sort_keys=True)
         print(
             f"{row.approval_id}  expires {expires}  {row.platform:<9} {row.session_id}  "
-            f"{row.agent}: {row.tool_name}({args_text})"
+            f"{row.agent}: {row.tool_name} {args_text}"
         )
     return 0
 
@@ -578,8 +585,12 @@ def _parser() -> argparse.ArgumentParser:
         "running or not; a running bot goes on within seconds).",
     )
     ap_sub = approvals.add_subparsers(dest="action", required=True, metavar="ACTION")
-    ap_sub.add_parser("list", help="waiting approvals, oldest first")
-    for action, text in (("approve", "run the tool call"), ("deny", "refuse the tool call")):
+    ap_sub.add_parser("list", help="waiting approvals, oldest first, with their whole arguments")
+    for action, text in (
+        ("show", "one approval in full: its state, whole arguments and the tool's result"),
+        ("approve", "run the tool call"),
+        ("deny", "refuse the tool call"),
+    ):
         ap_action = ap_sub.add_parser(action, help=text)
         ap_action.add_argument("approval_id", metavar="ID", help="an id from `approvals list`")
     approvals.set_defaults(handler=_approvals)

@@ -129,7 +129,9 @@ def _check_approvals(loaded: LoadedAgents) -> CheckResult:
     gated = []
     for agent in loaded.starting_agent.reachable_agents():
         names = [
-            t.name if t.needs_approval is True else f"{t.name} (when its check says so)"
+            t.name
+            if t.needs_approval is True or isinstance(t.needs_approval, str)
+            else f"{t.name} (when its check says so)"
             for t in agent.function_tools
             if t.gated
         ]

@@ -82,6 +82,7 @@ LIBRARY_NAMES = {
     # Approvals: a gated tool call waits (RunResult.pending_approval, issue #29).
     "PendingApproval",
     "ApprovalError",
+    "Decline",  # a needs_approval check refusing before asking (issue #36)
     # Voice replies: how an agent's replies are spoken (issue #31).
     "Voice",
     # Compaction: when an agent's long conversations are summarised (issue #30).

@@ -35,6 +35,7 @@ __all__ = [
     "approval_rows",
     "decide",
     "ensure_approvals_schema_in",
+    "find_approval",
     "operator_decide",
     "read_approval_in",
 ]
@@ -70,6 +71,9 @@ MIGRATIONS: Final = {
         f"CREATE INDEX IF NOT EXISTS {TABLE}_state ON {TABLE} (state, expires_at)",
         f"CREATE INDEX IF NOT EXISTS {TABLE}_session ON {TABLE} (session_id, state)",
     ),
+    # 2: what the approved tool returned, kept with the row once it ran (G6 of the
+    # 2026-12-07 review: a failed answer after the tool forgot that it ran).
+    2: (f"ALTER TABLE {TABLE} ADD COLUMN result_text TEXT",),
 }
 """``MIGRATIONS[v]`` moves the table from version ``v - 1`` to ``v`` (SQLite DDL)."""
 
@@ -92,7 +96,7 @@ MARKERS: Final[Mapping[str, str]] = {
 
 _COLUMNS: Final = (
     "id, session_key, session_id, platform, chat_id, thread_id, sender_ref, agent, "
-    "tool_name, call_id, arguments_json, state, decided_by, created_at, expires_at"
+    "tool_name, call_id, arguments_json, state, decided_by, created_at, expires_at, result_text"
 )
 
 
@@ -121,6 +125,8 @@ class ApprovalRow:
     decided_by: str | None
     created_at: datetime
     expires_at: datetime
+    result: str | None = None
+    """What the tool returned (the text the model read), once an approved call ran."""
 
     @property
     def pending(self) -> PendingApproval:
@@ -131,14 +137,38 @@ class ApprovalRow:
             call_id=self.call_id,
             arguments=self.arguments,
             agent=self.agent,
+            result=self.result,
         )
+
+    def arguments_text(self) -> str:
+        """The whole arguments, as indented JSON (for a person to read all of them)."""
+        return json.dumps(self.arguments, ensure_ascii=False, indent=2, sort_keys=True)
+
+    def describe(self) -> str:
+        """The approval in full, for the operator (``python -m bot approvals show``)."""
+
+        def when(moment: datetime) -> str:
+            return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+        lines = [
+            f"approval {self.approval_id}: {self.state}"
+            + (f" (by the {self.decided_by})" if self.decided_by else ""),
+            f"call: {self.agent}: {self.tool_name}",
+            f"conversation: {self.platform} {self.session_id}",
+            f"asked {when(self.created_at)}, expires {when(self.expires_at)}",
+            "arguments:",
+            self.arguments_text(),
+        ]
+        if self.result is not None:
+            lines += ["result:", self.result]
+        return "\n".join(lines)
 
 
 def _row(values: tuple[Any, ...]) -> ApprovalRow:
     (aid, key, sid, platform, chat, thread, sender, agent, tool_name, call_id, args, state) = (
         values[:12]
     )
-    decided_by, created_at, expires_at = values[12:15]
+    decided_by, created_at, expires_at, result = values[12:16]
     return ApprovalRow(
         approval_id=str(aid),
         session_key=str(key),
@@ -155,6 +185,7 @@ def _row(values: tuple[Any, ...]) -> ApprovalRow:
         decided_by=None if decided_by is None else str(decided_by),
         created_at=datetime.fromtimestamp(float(created_at), UTC),
         expires_at=datetime.fromtimestamp(float(expires_at), UTC),
+        result=None if result is None else str(result),
     )
 
 
@@ -162,6 +193,16 @@ async def read_approval_in(tx: Transaction, approval_id: str) -> ApprovalRow | N
     """The approval ``approval_id`` as stored, ``None`` when unknown."""
     row = await tx.fetchone(f"SELECT {_COLUMNS} FROM {TABLE} WHERE id = ?", (approval_id,))
     return None if row is None else _row(row)
+
+
+async def find_approval(store: TransactionalStore, approval_id: str) -> ApprovalRow | None:
+    """The approval ``approval_id`` in any state, ``None`` when unknown."""
+
+    async def body(tx: Transaction) -> ApprovalRow | None:
+        await ensure_approvals_schema_in(tx)  # a database no bot has run on yet
+        return await read_approval_in(tx, approval_id)
+
+    return await store.run(body)
 
 
 async def approval_rows(

@@ -38,7 +38,7 @@ from bot.gateway.contract import MessageEvent, PlatformAdapter
 from bot.gateway.dispatcher import release_slot
 from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
 from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.ledger.keyboards import new_keyboard
+from bot.gateway.ledger.keyboards import new_keyboard, set_owner_in
 from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.media_fetch import MediaFetcher, PreparedMedia
 from bot.gateway.memory_scope import scope_for
@@ -92,6 +92,11 @@ class Turns:
         self.memory_secret: bytes | None = None
         """Keys the hashes of a turn's memory scope (``bot.gateway.memory_scope``); without
         it (the gateway sets it) turns have no memory."""
+        self.keyboard_owner: Callable[[Transaction, InboxEntry], Awaitable[str | None]] | None = (
+            None
+        )
+        """``(tx, entry) -> owner_ref``: whose keyboard a reply to ``entry`` carries (the
+        gateway sets it; ``None``: keyboards have no owner)."""
         self.runner = runner
         self.store = store
         self.inbox = inbox
@@ -227,7 +232,12 @@ class Turns:
             if adapter is not None:
                 content = adapter.format_reply(content, result.agent)
             recorded = await self._record(
-                tx, entry, content, files=result.attachments, buttons=result.buttons
+                tx,
+                entry,
+                content,
+                files=result.attachments,
+                buttons=result.buttons,
+                anyone_may_tap=result.anyone_may_tap,
             )
             if recorded is not None:
                 obligation.append(recorded)
@@ -440,6 +450,7 @@ class Turns:
         claimed: bool = True,
         files: Sequence[OutgoingPart] = (),
         buttons: Sequence[Button] = (),
+        anyone_may_tap: bool = False,
     ) -> Obligation | None:
         """Record the reply owed, claimed by this process (sent right after the commit);
         with ``claimed=False`` it is recorded ``pending``, for a lane to claim.
@@ -466,6 +477,10 @@ class Turns:
         )
         if not await self.ledger.record_in(tx, obligation, claimed=claimed):
             return None
+        if keyboard:
+            # The keyboard belongs to the person the turn answered (see bot.gateway.taps).
+            owner = None if self.keyboard_owner is None else await self.keyboard_owner(tx, entry)
+            await set_owner_in(tx, obligation.obligation_id, owner, anyone=anyone_may_tap)
         return obligation.claimed() if claimed else obligation
 
 
