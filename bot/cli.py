@@ -24,7 +24,7 @@ from bot.database import instance_lock, open_store
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.logs import configure_logging, quiet_console_logs
-from bot.setting_typos import setting_typos
+from bot.setting_typos import refuse_fatal_typos, setting_typos
 
 if TYPE_CHECKING:
     from bot.gateway.ledger.obligations import Obligation, ObligationState
@@ -589,10 +589,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler: Command = args.handler
     try:
+        typos = setting_typos(Settings.model_fields)
+        if handler is not _doctor:  # doctor reports these as lines of its own
+            refuse_fatal_typos(typos)
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format)
-        if handler is not _doctor:  # doctor reports these as lines of its own
-            for typo in setting_typos(Settings.model_fields):
+        if handler is not _doctor:
+            for typo in typos:
                 logger.warning("%s", typo.message())
             ensure_data_dir(settings.data_dir)
         return asyncio.run(handler(settings, args))

@@ -257,7 +257,8 @@ async def run_checks(settings: Settings) -> int:
     """Run every check, print one line each, return the process exit code."""
     results = [CheckResult("settings", True, "loaded")]
     results += [
-        CheckResult("settings", True, typo.message(), warning=True)
+        # A misspelt security setting FAILs: `run` refuses to start with it.
+        CheckResult("settings", not typo.fatal, typo.message(), warning=not typo.fatal)
         for typo in setting_typos(Settings.model_fields)
     ]
     data_dir = _check_data_dir(settings)
