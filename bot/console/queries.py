@@ -572,6 +572,8 @@ async def transcript(
             delivery = _DELIVERY_LABELS.get(match.state, match.state)
             if match.state == "delivered" and match.maybe_delivered:
                 delivery = "resent with marker"
+            elif match.state == "pending" and match.next_attempt_at is not None:
+                delivery = "waiting"  # its platform is not connected (last_error says so)
             error = match.last_error
             files = match.attachments
         buttons = match.buttons if match is not None else ()
