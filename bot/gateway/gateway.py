@@ -172,6 +172,8 @@ class Gateway:
             max_tokens_per_day=settings.max_tokens_per_sender_per_day,
         )
         self.turns.accounting = self.access.budget = self.accounting
+        # Summaries are billed like turns: counted in /metrics as their call returns.
+        runner.compactor.on_usage = self.accounting.count_one
         self.gate = Gate(settings, self.aliases, secret, pairing=self.access.pairing)
         # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
         # tx 1, since a message once accepted must be queued whatever happens.
