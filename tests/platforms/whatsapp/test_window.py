@@ -6,7 +6,6 @@ SQLite store on a hand-moved clock and is written by the inbox's tx 1, as in the
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
