@@ -57,6 +57,7 @@ TEMPLATE_ERROR_CODES: Final = frozenset(
 """Meta's refusals of a template (parameter count, unknown template, text too long,
 policy, parameter value, format, paused, disabled): permanent, the operator must act."""
 
+
 def template_parameter(text: str) -> str:
     """``text`` as Meta accepts it in a body parameter: its whitespace folded."""
     return " ".join(text.split())
