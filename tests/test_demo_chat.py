@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -194,3 +194,20 @@ def test_the_rate_limit_notice_is_not_labelled_as_an_agent(tmp_path: Path) -> No
 
     assert answer.startswith("[Triage] ")
     assert notice.startswith("You are sending messages faster than I can answer.")
+
+
+def test_the_reminders_demo_schedules_without_a_key(tmp_path: Path) -> None:
+    # N2: the offline model never filled delay_seconds, so the README's reminders demo
+    # echoed or reported a tool error, and the Scheduled list stayed empty.
+    (answer,) = _chat(
+        tmp_path, "remind me in 5 minutes to call Bob", AGENTS_MODULE="agents.reminders"
+    )
+    assert answer.startswith("[Reminders] [offline demo]") and "status: scheduled" in answer
+    listed = _bot(tmp_path, "schedule", "list", stdin="")
+    assert listed.returncode == 0, listed.stderr
+    (job,) = listed.stdout.splitlines()
+    assert job.endswith("Reminder: call Bob") and " console " in job
+    due = re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", job)
+    assert due is not None
+    seconds = (datetime.fromisoformat(due.group(0)) - datetime.now(UTC)).total_seconds()
+    assert 240 < seconds <= 300
