@@ -53,7 +53,6 @@ def utc_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-
 NO_PLATFORM_MESSAGE = (
     "no platform configured and no input to chat over: set TELEGRAM_BOT_TOKEN, or "
     "WHATSAPP_PHONE_ID, WHATSAPP_TOKEN, WHATSAPP_VERIFY_TOKEN and WHATSAPP_APP_SECRET, "

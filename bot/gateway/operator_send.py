@@ -82,8 +82,7 @@ def parse_target(target: str) -> SendTarget:
     elif platform in ("console", "web"):
         if not _LOCAL_ID.fullmatch(chat_id):
             raise TargetError(
-                f"{platform} chat id must be one word (e.g. {platform}:local-user), "
-                f"not {chat_id!r}"
+                f"{platform} chat id must be one word (e.g. {platform}:local-user), not {chat_id!r}"
             )
         if thread_id is not None:
             raise TargetError(f"{platform} chats have no threads: use {platform}:<chat id>")
