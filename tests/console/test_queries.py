@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bot.console import queries
+from bot.console.queries import inbox
 from bot.console.sse import CHANGED, _changes
 from bot.core.agent import Agent
 from bot.core.messages import Message, Role
@@ -120,7 +121,7 @@ async def test_the_stream_says_changed_when_the_session_is_saved(
 async def test_a_search_looks_through_a_bounded_window_and_continues(
     store: SQLiteSessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(queries, "SEARCH_WINDOW", 10)
+    monkeypatch.setattr(inbox, "SEARCH_WINDOW", 10)  # the list's page of the package
     agent = Agent(name="Helper", instructions="x")
     for n in range(30):
         session = await store.get_or_create(f"fake-{n:016x}", agent)
