@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli import main, utc_time
+from bot.doctor import tools_line
 from tests.test_cli import _env
 
 UNKNOWN_IDS = [
@@ -107,3 +108,21 @@ def test_every_cli_time_reads_the_same() -> None:
     source = (Path(__file__).resolve().parents[1] / "bot" / "cli.py").read_text()
     # No command formats a time on its own (isoformat with Z, strftime with its own pattern).
     assert not re.search(r'isoformat\(timespec|:%Y-%m-%d|replace\("\+00:00", "Z"\)', source)
+
+
+def test_an_unreachable_database_is_one_line_naming_database_url(
+    in_process: Callable[..., tuple[int, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # N16: the line did not say which setting to fix. A runtime failure: exit 1.
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody:pw@127.0.0.1:1/x")
+    code, out, err = in_process("sessions", "list")
+    assert (code, out) == (1, "")
+    assert err.startswith("chatflow: StorageError: DATABASE_URL: cannot connect to PostgreSQL")
+    assert "pw" not in err and len(err.splitlines()) == 1
+
+
+def test_doctor_counts_tools_in_words() -> None:
+    # N18: "1 tools: lookup_customer".
+    assert tools_line(["lookup_customer"]) == "1 tool: lookup_customer"
+    assert tools_line(["a", "b"]) == "2 tools: a, b"
+    assert tools_line([]) == "0 tools: none"

@@ -81,7 +81,8 @@ def test_a_syntax_error_in_the_agents_is_one_line_with_file_and_line(tmp_path: P
         result = _bot(tmp_path, *args, stdin="hi\n")
         assert result.returncode == 2, result.stderr
         line = one_error_line(result.stderr)
-        assert "AGENTS_MODULE: the agents in" in line
+        # N14: AGENTS_MODULE is unset, so the line does not point at it.
+        assert "configuration error: the agents in" in line and "AGENTS_MODULE" not in line
         assert f"orders.py:{broken + 1}: SyntaxError" in line
 
 
@@ -310,7 +311,7 @@ def test_doctor_reports_each_start_up_mistake_as_a_line(tmp_path: Path) -> None:
         f"FAIL http: HTTP_HOST/HTTP_PORT: cannot listen on 127.0.0.1:{port}"
     )
     (agents,) = lines["agents"]
-    assert agents.startswith("FAIL agents: AGENTS_MODULE: the agents in") and "orders.py:" in agents
+    assert agents.startswith("FAIL agents: the agents in") and "orders.py:" in agents
     assert "mcp" not in lines  # the same failure is not reported twice
     assert lines["telegram"][0].startswith("FAIL telegram: Telegram unreachable")
 

@@ -20,7 +20,7 @@ from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
 from bot.core.sql import Transaction
 from bot.core.stores.sqlite import SQLiteSessionStore
-from bot.errors import PlatformError, StorageError
+from bot.errors import ModelError, PlatformError, StorageError
 from bot.gateway import gateway as gateway_module
 from bot.gateway.gateway import Gateway, Replies
 from bot.gateway.instances import Owner
@@ -462,3 +462,28 @@ async def test_a_message_for_a_platform_not_connected_waits_and_is_not_marked_re
     finally:
         await gateway2.stop(grace=1)
         await store2.close()
+
+
+async def test_a_failed_turn_logs_its_cause_without_any_text(
+    rigs: Callable[..., object], caplog: pytest.LogCaptureFixture
+) -> None:
+    # N17: the WARNING said only "(ModelError)"; the cause (a 401, a refused connection)
+    # was for doctor alone to find.
+    rig: Rig = await rigs()  # type: ignore[misc]
+    try:
+        raise ConnectionRefusedError("connect to 10.0.0.1 refused")
+    except ConnectionRefusedError as inner:
+        refused = ModelError("provider unreachable")
+        refused.__cause__ = inner
+    rig.model.add(ModelError("Incorrect API key sk-secret provided", status_code=401))
+    rig.model.add(refused)
+    with caplog.at_level(logging.WARNING, logger="bot.gateway.turns"):
+        for n in range(2):
+            await rig.adapter.deliver(make_event(f"hello {n}", message_id=f"fake:{n}"))
+            await rig.adapter.wait_for_sent(n + 1)
+    lines = [r.getMessage() for r in caplog.records if "turn failed" in r.getMessage()]
+    assert [line.split("(", 1)[1].split(")", 1)[0] for line in lines] == [
+        "ModelError, HTTP 401",
+        "ModelError, ConnectionRefusedError",
+    ]
+    assert "sk-secret" not in caplog.text and "10.0.0.1" not in caplog.text
