@@ -302,11 +302,13 @@ async def test_a_conversation_on_a_gone_agent_moves_on_with_one_info_line(
     # N11: switching AGENTS_MODULE printed two WARNINGs for an expected move.
     path = f"{tmp_path}/moved.db"
     billing = Agent(name="Billing", instructions="x")
-    async with Runner(billing, SQLiteSessionStore(path), model=ScriptedModel([ScriptedModel.reply("hi")])) as runner:
+    first = ScriptedModel([ScriptedModel.reply("hi")])
+    async with Runner(billing, SQLiteSessionStore(path), model=first) as runner:
         await runner.run_async("s1", "hello")
     reminders = Agent(name="Reminders", instructions="x")
     store = SQLiteSessionStore(path)
-    async with Runner(reminders, store, model=ScriptedModel([ScriptedModel.reply("hi again")])) as runner:
+    later = ScriptedModel([ScriptedModel.reply("hi again")])
+    async with Runner(reminders, store, model=later) as runner:
         with caplog.at_level(logging.DEBUG):
             result = await runner.run_async("s1", "hello again")
     assert result.agent == "Reminders"
