@@ -124,6 +124,10 @@ def _chat_kind(metadata: dict[str, Any]) -> str:
 def _display_name(metadata: dict[str, Any], platform: str) -> str | None:
     if platform == "web":  # every test chat's sender is the operator: no name of its own
         return None
+    if platform == "console":
+        # The terminal's user is "you" to the terminal, not to the operator reading the
+        # inbox, whose own messages read "You:" there (N19).
+        return "Terminal user"
     chat, sender = _name(metadata.get("chat_name")), _name(metadata.get("sender_name"))
     if metadata.get("chat_type") == "dm":
         return sender or chat
