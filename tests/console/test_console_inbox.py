@@ -244,3 +244,17 @@ def test_a_wrong_token_stays_off_the_terminal_chat(
         root.setLevel(level)
     assert "a real warning still shows" in terminal
     assert "sign-in refused" not in terminal
+
+
+def test_the_platform_filter_offers_every_platform_not_only_the_connected(
+    console: ConsoleRig,
+) -> None:
+    # N9: run web-only, the filter offered "All platforms" and "Web" while the list
+    # showed a "Terminal" conversation.
+    talk(console)
+    console.sign_in()
+    page = console.client.get("/console").text
+    offered = re.findall(r'<option value="(\w+)"', page)
+    assert {"console", "telegram", "web", "whatsapp", "fake"} <= set(offered)
+    terminal = console.client.get("/console", params={"platform": "console"}).text
+    assert 'option value="console" selected' in terminal

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from bot.console.queries.common import (
     ATTENTION_LIMIT,
+    KNOWN_PLATFORMS,
     PAGE_SIZE,
     READS_TABLE,
     SEARCH_WINDOW,
@@ -52,6 +53,7 @@ __all__ = [
     "ATTENTION",
     "ATTENTION_LIMIT",
     "IN_FLIGHT",
+    "KNOWN_PLATFORMS",
     "PAGE_SIZE",
     "READS_TABLE",
     "SEARCH_WINDOW",

@@ -13,6 +13,7 @@ from bot.gateway.ledger.obligations import TABLE
 
 __all__ = [
     "ATTENTION_LIMIT",
+    "KNOWN_PLATFORMS",
     "PAGE_SIZE",
     "PREVIEW_CHARS",
     "READS_TABLE",
@@ -62,6 +63,8 @@ _PLATFORM_LABELS: Final = {
     "web": "Web",
     "console": "Terminal",
 }
+KNOWN_PLATFORMS: Final = frozenset(_PLATFORM_LABELS)
+"""The platforms Chatflow ships: the list's filter offers them all."""
 _NAME_CHARS: Final = 80
 
 
