@@ -316,6 +316,7 @@ class ConsoleViews:
             error=_ERRORS.get(request.query_params.get("error", ""), ""),
             nonce=uuid.uuid4().hex,
             send_nonce=uuid.uuid4().hex,
+            say_nonce=uuid.uuid4().hex,
             max_reply=MAX_REPLY_CHARS,
         )
 
