@@ -51,8 +51,8 @@ def in_process(
     """``python -m bot`` run in this process (a subprocess per case would cost seconds):
     the environment and working directory of ``tests.test_cli._bot``, logging restored."""
     for name in list(os.environ):
-        if name not in ("PATH", "HOME", "LANG"):
-            monkeypatch.delenv(name)
+        if name not in ("PATH", "HOME", "LANG") and not name.startswith("PYTEST_"):
+            monkeypatch.delenv(name)  # the settings see what a fresh shell has
     for name, value in _env(tmp_path).items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
