@@ -71,7 +71,13 @@ def load_agents(module_name: str | None = None, project_dir: Path | None = None)
         return _from_module(_import(module_name), module_name)
     folder = root / "agents"
     if (folder / "__init__.py").is_file():
-        return _from_module(_import_folder(folder), str(folder))
+        try:
+            return _from_module(_import_folder(folder), str(folder))
+        except ConfigurationError as exc:
+            # AGENTS_MODULE is unset: the agents/ folder itself is to blame (N14).
+            raise ConfigurationError(
+                str(exc).removeprefix("AGENTS_MODULE: "), setting=None
+            ) from exc.__cause__
     if importlib.util.find_spec(EXAMPLE_AGENTS_MODULE) is not None:
         return _from_module(_import(EXAMPLE_AGENTS_MODULE), EXAMPLE_AGENTS_MODULE)
     # A source checkout run without installing: the examples are the agents/

@@ -303,4 +303,11 @@ class Bot:
             lines.append(f"Connect {', '.join(missing)} (.env.example).")
         if self.serve_http and self.settings.console_token is not None:
             lines.insert(2, f"Operator console: {where}/console (sign in with CONSOLE_TOKEN).")
+            if not self.console:
+                # The prompt is gone once the web chat is on: say so, and how to keep it.
+                lines.insert(
+                    3,
+                    "Terminal chat off (the console's web chat is on); "
+                    "`python -m bot run --console` keeps both.",
+                )
         print("\n".join(lines), file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot.agents_loader import load_agents
@@ -24,16 +24,33 @@ from bot.database import instance_lock, open_store
 from bot.errors import ChatflowError, ConfigurationError
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.logs import configure_logging, quiet_console_logs
-from bot.setting_typos import setting_typos
+from bot.setting_typos import refuse_fatal_typos, setting_typos
 
 if TYPE_CHECKING:
     from bot.gateway.ledger.obligations import Obligation, ObligationState
 
-__all__ = ["NO_PLATFORM_MESSAGE", "main", "stdin_has_input"]
+__all__ = ["EXIT_USAGE", "NO_PLATFORM_MESSAGE", "main", "stdin_has_input", "utc_time"]
 
 logger = logging.getLogger(__name__)
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
+
+EXIT_USAGE = 2
+"""The exit code of every usage error: a wrong argument, an unknown id, a setting."""
+
+
+def _refuse(command: str, reason: str) -> int:
+    """``chatflow: <command>: <reason>`` on stderr; ``EXIT_USAGE``. The CLI's one way to
+    say no (a runtime failure, such as a database that cannot be reached, exits 1)."""
+    print(f"chatflow: {command}: {reason}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def utc_time(moment: datetime) -> str:
+    """``2026-12-07 02:35:58 UTC``: the CLI's one time format (the console's too)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 NO_PLATFORM_MESSAGE = (
@@ -111,8 +128,7 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
         if args.action == "show":
             session = await store.get(args.session_id)
             if session is None:
-                print(f"no session {args.session_id}", file=sys.stderr)
-                return 1
+                return _refuse("sessions", f"no session {args.session_id}")
             print(f"session {session.session_id}  agent: {session.active_agent.name}")
             await _print_session_usage(store, settings, session.session_id)
             # The whole conversation: messages a compaction summarised are marked.
@@ -131,8 +147,7 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         session = await store.get(args.session_id)
         if session is None:
-            print(f"no session {args.session_id}", file=sys.stderr)
-            return 1
+            return _refuse("sessions", f"no session {args.session_id}")
         metadata = dict(session.metadata)
         await store.delete(args.session_id)
         # Its scheduled messages go with it: cancelled on reset, erased (texts and chat
@@ -181,8 +196,12 @@ async def _ledger(settings: Settings, args: argparse.Namespace) -> int:
             done = await ledger.retry(args.obligation_id)
         else:
             done = await ledger.abandon(args.obligation_id, args.reason)
-        print(("ok: " if done else "not found or not eligible: ") + args.obligation_id)
-        return 0 if done else 1
+        if not done:
+            return _refuse(
+                "ledger", f"cannot {args.action} {args.obligation_id}: not found or not eligible"
+            )
+        print(f"ok: {args.obligation_id}")
+        return 0
     finally:
         await store.close()
 
@@ -229,16 +248,13 @@ async def _pairing(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"approved {ref}: served from now on, in every running process")
                 return 0
             why = "has expired (the sender gets a new one by writing again)"
-            print(
-                f"pairing code {args.code} {why if outcome == 'expired' else 'is unknown'}",
-                file=sys.stderr,
+            return _refuse(
+                "pairing", f"code {args.code} {why if outcome == 'expired' else 'is unknown'}"
             )
-            return 1
         if args.action == "revoke":
             removed = await pairing.revoke(args.target)
             if not removed:
-                print(f"no approval or pending code matches {args.target}", file=sys.stderr)
-                return 1
+                return _refuse("pairing", f"no approval or pending code matches {args.target}")
             print(f"revoked {args.target}")
             return 0
         now = store.now()
@@ -250,7 +266,7 @@ async def _pairing(settings: Settings, args: argparse.Namespace) -> int:
         approvals = await pairing.approvals()
         for approval in approvals:
             who = sender_ref(approval.platform, approval.sender)
-            print(f"approved  {who}  since {approval.approved_at:%Y-%m-%d %H:%M} UTC")
+            print(f"approved  {who}  since {utc_time(approval.approved_at)}")
         if not approvals and not pending_codes:
             print("no pending codes and no approved senders")
         return 0
@@ -264,16 +280,22 @@ async def _send(settings: Settings, args: argparse.Namespace) -> int:
     from bot.instance_lock import InstanceLock
 
     def refuse(reason: str) -> int:
-        print(f"chatflow: send: {reason}", file=sys.stderr)
-        return 2
+        return _refuse("send", reason)
 
     try:
         target = parse_target(args.target)
     except TargetError as exc:
         return refuse(str(exc))
-    enabled = {"telegram": settings.telegram_enabled, "whatsapp": settings.whatsapp_enabled}
+    enabled = {
+        "telegram": settings.telegram_enabled,
+        "whatsapp": settings.whatsapp_enabled,
+        "console": True,  # the terminal: it goes out when a bot runs with it attached
+        "web": settings.console_token is not None,
+    }
     if not enabled[target.platform]:
-        setting = "TELEGRAM_BOT_TOKEN" if target.platform == "telegram" else "WHATSAPP_PHONE_ID"
+        setting = {"telegram": "TELEGRAM_BOT_TOKEN", "whatsapp": "WHATSAPP_PHONE_ID"}.get(
+            target.platform, "CONSOLE_TOKEN"
+        )
         return refuse(f"{target.platform} is not configured here (set {setting}, as for the bot)")
     text: str = args.text
     if text == "-":
@@ -315,16 +337,14 @@ async def _schedule(settings: Settings, args: argparse.Namespace) -> int:
         try:
             target = parse_target(args.chat)
         except TargetError as exc:
-            print(f"chatflow: schedule: {exc}", file=sys.stderr)
-            return 2
+            return _refuse("schedule", str(exc))
     store = open_store(settings)
     try:
         if args.action == "cancel":
             outcome = await cancel_job(store, args.job_id)
             if outcome != "cancelled":
                 why = "no such job" if outcome == "unknown" else f"it was {outcome}"
-                print(f"chatflow: schedule: cannot cancel {args.job_id}: {why}", file=sys.stderr)
-                return 2
+                return _refuse("schedule", f"cannot cancel {args.job_id}: {why}")
             print(f"cancelled {args.job_id}")
             return 0
         jobs = await scheduled_jobs(store, target=target)
@@ -334,7 +354,7 @@ async def _schedule(settings: Settings, args: argparse.Namespace) -> int:
         print("No scheduled messages.")
         return 0
     for job in jobs:
-        due = job.due_at.isoformat(timespec="seconds").replace("+00:00", "Z")
+        due = utc_time(job.due_at)
         # The chat id (often a phone number) only where the operator typed it.
         where = args.chat if target is not None else job.session_id
         text = " ".join(job.text.split())
@@ -381,11 +401,7 @@ async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
                 "expired": "it had expired",
                 "decided": "it was already decided",
             }[outcome]
-            print(
-                f"chatflow: approvals: cannot {args.action} {args.approval_id}: {why}",
-                file=sys.stderr,
-            )
-            return 2
+            return _refuse("approvals", f"cannot {args.action} {args.approval_id}: {why}")
         rows = await approval_rows(store)
     finally:
         await store.close()
@@ -393,7 +409,7 @@ async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
         print("No approvals waiting.")
         return 0
     for row in rows:
-        expires = row.expires_at.isoformat(timespec="seconds").replace("+00:00", "Z")
+        expires = utc_time(row.expires_at)
         # The whole arguments: nothing runs on approve that is not printed here.
         args_text = json.dumps(row.arguments, ensure_ascii=False, sort_keys=True)
         print(
@@ -422,13 +438,11 @@ async def _usage(settings: Settings, args: argparse.Namespace) -> int:
     try:
         since = since_day(args.since, args.days)
     except ValueError as exc:
-        print(f"chatflow: usage: {exc}", file=sys.stderr)
-        return 2
+        return _refuse("usage", str(exc))
     try:
         prices = await read_prices(settings.model_prices)
     except ValueError as exc:
-        print(f"chatflow: usage: MODEL_PRICES: {exc}", file=sys.stderr)
-        return 2
+        return _refuse("usage", f"MODEL_PRICES: {exc}")
     store = open_store(settings)
     try:
         lines = await usage_lines(store, since)
@@ -657,10 +671,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler: Command = args.handler
     try:
-        settings = load_settings()
-        configure_logging(settings.log_level, settings.log_format)
+        typos = setting_typos(Settings.model_fields)
         if handler is not _doctor:  # doctor reports these as lines of its own
-            for typo in setting_typos(Settings.model_fields):
+            refuse_fatal_typos(typos)
+        settings = load_settings()
+        level = settings.log_level
+        if handler not in (_run, _chat) and "log_level" not in settings.model_fields_set:
+            # An operator command prints its answer; its INFO lines (a schema migrated
+            # on first use) are noise on its stderr. LOG_LEVEL set still wins.
+            level = "WARNING"
+        configure_logging(level, settings.log_format)
+        if handler is not _doctor:
+            for typo in typos:
                 logger.warning("%s", typo.message())
             ensure_data_dir(settings.data_dir)
         return asyncio.run(handler(settings, args))

@@ -21,6 +21,7 @@ from bot.core.prices import load_prices
 from bot.core.session import default_prune_to
 from bot.core.sql import redact_dsn
 from bot.errors import ConfigurationError
+from bot.setting_typos import setting_typos, typo_hints
 
 __all__ = ["Settings", "load_settings"]
 
@@ -500,4 +501,6 @@ def load_settings(**overrides: Any) -> Settings:
         err = exc.errors()[0]
         loc = err.get("loc", ())
         setting = str(loc[0]).upper() if loc else None
-        raise ConfigurationError(_describe(exc), setting=setting) from exc
+        # A misspelt name is often why a setting is missing: name it in the same line.
+        message = typo_hints(_describe(exc), setting_typos(Settings.model_fields))
+        raise ConfigurationError(message, setting=setting) from exc

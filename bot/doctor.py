@@ -4,7 +4,7 @@ and platforms, one line each (``ok``, ``WARN`` or ``FAIL``)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -20,7 +20,7 @@ from bot.errors import ChatflowError
 from bot.server import listen_socket
 from bot.setting_typos import setting_typos
 
-__all__ = ["CheckResult", "run_checks"]
+__all__ = ["CheckResult", "run_checks", "tools_line"]
 
 TIMEOUT = httpx.Timeout(10.0)
 OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
@@ -119,8 +119,13 @@ async def _check_mcp_server(server: MCPServer) -> CheckResult:
     finally:
         tools = [t.name for t in server.tools]
         await server.close()
+    return CheckResult(name, True, f"{server.describe()}: {tools_line(tools)}")
+
+
+def tools_line(tools: Sequence[str]) -> str:
+    """``1 tool: lookup_customer``, ``2 tools: a, b``, ``0 tools: none``."""
     listed = ", ".join(tools) if tools else "none"
-    return CheckResult(name, True, f"{server.describe()}: {len(tools)} tools: {listed}")
+    return f"{len(tools)} tool{'' if len(tools) == 1 else 's'}: {listed}"
 
 
 def _check_approvals(loaded: LoadedAgents) -> CheckResult:
@@ -297,7 +302,8 @@ async def run_checks(settings: Settings) -> int:
     """Run every check, print one line each, return the process exit code."""
     results = [CheckResult("settings", True, "loaded")]
     results += [
-        CheckResult("settings", True, typo.message(), warning=True)
+        # A misspelt security setting FAILs: `run` refuses to start with it.
+        CheckResult("settings", not typo.fatal, typo.message(), warning=not typo.fatal)
         for typo in setting_typos(Settings.model_fields)
     ]
     data_dir = _check_data_dir(settings)

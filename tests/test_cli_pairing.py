@@ -41,12 +41,12 @@ async def test_approve_list_and_revoke(tmp_path: Path) -> None:
     assert approved.returncode == 0, approved.stderr
     assert "approved telegram:user_" in approved.stdout
     again = _bot(tmp_path, "pairing", "approve", code)
-    assert again.returncode == 1 and "unknown" in again.stderr  # single use
+    assert again.returncode == 2 and "unknown" in again.stderr  # single use
     listed = _bot(tmp_path, "pairing", "list")
     assert "approved  telegram:user_" in listed.stdout and "123456789" not in listed.stdout
     revoked = _bot(tmp_path, "pairing", "revoke", "telegram:123456789")
     assert revoked.returncode == 0
-    assert _bot(tmp_path, "pairing", "revoke", "telegram:123456789").returncode == 1
+    assert _bot(tmp_path, "pairing", "revoke", "telegram:123456789").returncode == 2
 
 
 async def test_an_expired_or_unknown_code_exits_non_zero(tmp_path: Path) -> None:
@@ -54,9 +54,9 @@ async def test_an_expired_or_unknown_code_exits_non_zero(tmp_path: Path) -> None
     data.mkdir()
     code = await _ask(data, "42", age=timedelta(hours=2))
     expired = _bot(tmp_path, "pairing", "approve", code)
-    assert expired.returncode == 1 and "expired" in expired.stderr
+    assert expired.returncode == 2 and "expired" in expired.stderr
     unknown = _bot(tmp_path, "pairing", "approve", "ZZZZ2222")
-    assert unknown.returncode == 1 and "unknown" in unknown.stderr
+    assert unknown.returncode == 2 and "unknown" in unknown.stderr
 
 
 def test_doctor_shows_the_access_mode(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -210,3 +210,21 @@ def test_the_demo_answers_a_policy_question_from_agents_knowledge_and_cites_the_
     assert answer.startswith("[Triage] [offline demo] According to opening-hours.md")
     assert "Saturday from 10:00 to 14:00" in answer
     assert answer.endswith("(source: opening-hours.md)")
+
+
+def test_the_reminders_demo_schedules_without_a_key(tmp_path: Path) -> None:
+    # N2: the offline model never filled delay_seconds, so the README's reminders demo
+    # echoed or reported a tool error, and the Scheduled list stayed empty.
+    (answer,) = _chat(
+        tmp_path, "remind me in 5 minutes to call Bob", AGENTS_MODULE="agents.reminders"
+    )
+    assert answer.startswith("[Reminders] [offline demo]") and "status: scheduled" in answer
+    listed = _bot(tmp_path, "schedule", "list", stdin="")
+    assert listed.returncode == 0, listed.stderr
+    (job,) = listed.stdout.splitlines()
+    assert job.endswith("Reminder: call Bob") and " console " in job
+    due = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", job)
+    assert due is not None
+    when = datetime.strptime(due.group(0), "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
+    seconds = (when - datetime.now(UTC)).total_seconds()
+    assert 240 < seconds <= 300

@@ -81,7 +81,8 @@ def test_a_syntax_error_in_the_agents_is_one_line_with_file_and_line(tmp_path: P
         result = _bot(tmp_path, *args, stdin="hi\n")
         assert result.returncode == 2, result.stderr
         line = one_error_line(result.stderr)
-        assert "AGENTS_MODULE: the agents in" in line
+        # N14: AGENTS_MODULE is unset, so the line does not point at it.
+        assert "configuration error: the agents in" in line and "AGENTS_MODULE" not in line
         assert f"orders.py:{broken + 1}: SyntaxError" in line
 
 
@@ -123,18 +124,54 @@ def test_agents_module_given_as_a_folder_path_loads_that_folder(tmp_path: Path) 
 def test_typos_in_dotenv_and_the_environment_are_named_with_the_setting_meant(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / ".env").write_text("ACCES_MODE=pairing\nTELEGRAM_TOKEN=123456:ABCdef\n")
-    result = _bot(
-        tmp_path, "chat", stdin="hi\n", WHATSAPP_PHONE_NUMBER_ID="123", LOG_LEVEL="WARNING"
-    )
+    (tmp_path / ".env").write_text("LOG_LEVL=DEBUG\nTELEGRAM_TOKEN=123456:ABCdef\n")
+    result = _bot(tmp_path, "chat", stdin="hi\n", OPENAI_API_KEYS="sk-x", LOG_LEVEL="WARNING")
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "is not a setting" in line]
     assert [w.split("bot.cli: ", 1)[1] for w in warnings] == [
-        "ACCES_MODE is not a setting; did you mean ACCESS_MODE?",
+        "LOG_LEVL is not a setting; did you mean LOG_LEVEL?",
+        "OPENAI_API_KEYS is not a setting; did you mean OPENAI_API_KEY?",
         "TELEGRAM_TOKEN is not a setting; did you mean TELEGRAM_BOT_TOKEN?",
-        "WHATSAPP_PHONE_NUMBER_ID is not a setting; did you mean WHATSAPP_PHONE_ID?",
     ]
-    assert "123456:ABCdef" not in result.stderr  # names only, never values
+    assert "123456:ABCdef" not in result.stderr and "sk-x" not in result.stderr  # names only
+
+
+@pytest.mark.parametrize(
+    ("dotenv", "environ", "meant"),
+    [
+        pytest.param("ACCES_MODE=pairing\n", {}, "ACCESS_MODE", id="ACCES_MODE"),
+        pytest.param(
+            "ACCESS_MODE=allowlist\nALLOWED_USER=42\n", {}, "ALLOWED_USERS", id="ALLOWED_USER"
+        ),
+        pytest.param("", {"CONSOLE_TOKN": "t" * 32}, "CONSOLE_TOKEN", id="CONSOLE_TOKN-env"),
+        pytest.param("RATE_LIMIT_MESAGES=5\n", {}, "RATE_LIMIT_MESSAGES", id="RATE_LIMIT"),
+    ],
+)
+def test_a_misspelt_security_setting_stops_run_with_one_line(
+    tmp_path: Path, dotenv: str, environ: dict[str, str], meant: str
+) -> None:
+    # The bot would otherwise start open (or unguarded) and answer everyone.
+    (tmp_path / ".env").write_text(dotenv)
+    result = _bot(tmp_path, "run", stdin="hi\n", **environ)
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = one_error_line(result.stderr)
+    assert line.startswith("chatflow: configuration error: ")
+    assert f"did you mean {meant}?" in line and "security setting" in line
+    assert result.stdout == ""  # nothing was answered
+    assert "t" * 32 not in line  # names only, never values
+
+
+def test_a_meta_style_phone_number_id_is_named_in_the_half_set_up_error(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text(
+        "WHATSAPP_TOKEN=x\nWHATSAPP_VERIFY_TOKEN=v\nWHATSAPP_APP_SECRET=s\n"
+        "WHATSAPP_PHONE_NUMBER_ID=1234567890\n"
+    )
+    for args in (["run"], ["doctor"]):
+        result = _bot(tmp_path, *args, stdin="hi\n")
+        assert result.returncode == 2, result.stderr
+        line = one_error_line(result.stderr)
+        assert "WHATSAPP_PHONE_ID is missing" in line
+        assert "WHATSAPP_PHONE_NUMBER_ID is set: did you mean WHATSAPP_PHONE_ID?" in line
 
 
 def test_a_malformed_telegram_token_stops_at_once_without_the_network(tmp_path: Path) -> None:
@@ -267,14 +304,14 @@ def test_doctor_reports_each_start_up_mistake_as_a_line(tmp_path: Path) -> None:
     lines = _doctor_lines(result)
     assert (
         lines["settings"][1]
-        == "WARN settings: ACCES_MODE is not a setting; did you mean ACCESS_MODE?"
+        == "FAIL settings: ACCES_MODE is not a setting; did you mean ACCESS_MODE?"
     )
     assert lines["data dir"][0].startswith("FAIL data dir: DATA_DIR: cannot create /proc/chatflow")
     assert lines["http"][0].startswith(
         f"FAIL http: HTTP_HOST/HTTP_PORT: cannot listen on 127.0.0.1:{port}"
     )
     (agents,) = lines["agents"]
-    assert agents.startswith("FAIL agents: AGENTS_MODULE: the agents in") and "orders.py:" in agents
+    assert agents.startswith("FAIL agents: the agents in") and "orders.py:" in agents
     assert "mcp" not in lines  # the same failure is not reported twice
     assert lines["telegram"][0].startswith("FAIL telegram: Telegram unreachable")
 

@@ -260,7 +260,10 @@ class ConsoleViews:
         """The conversation list: filter by platform, search by text, key-set pages."""
         params = request.query_params
         platform = params.get("platform", "").strip()
-        if platform not in self.services.platforms:
+        # Every platform a conversation may be on, not only those connected now: the
+        # terminal's conversation stays in the list when the bot runs web-only (N9).
+        platforms = tuple(sorted({*self.services.platforms, *queries.KNOWN_PLATFORMS}))
+        if platform not in platforms:
             platform = ""
         search = params.get("q", "").strip()[:200]
         before = params.get("before", "").strip() or None
@@ -286,7 +289,7 @@ class ConsoleViews:
             who,
             rows=rows,
             person=person,
-            platforms=self.services.platforms,
+            platforms=platforms,
             platform=platform,
             search=search,
             before=before,
@@ -318,6 +321,7 @@ class ConsoleViews:
             error=_ERRORS.get(request.query_params.get("error", ""), ""),
             nonce=uuid.uuid4().hex,
             send_nonce=uuid.uuid4().hex,
+            say_nonce=uuid.uuid4().hex,
             max_reply=MAX_REPLY_CHARS,
         )
 

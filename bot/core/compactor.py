@@ -10,8 +10,12 @@ Then, under the session's lock, it loads the session again and, if it is
 still the one summarised (same incarnation, same summary, the kept turns'
 first message still there), replaces the older turns and the old summary by
 the new one and saves, in one transaction (with the call's usage,
-``kind="compaction"``, on SQL stores). Turns that committed in between are
-kept whole after the summary.
+``kind="compaction"``, on SQL stores, charged to the conversation's sender:
+``session_sender_in``). Turns that committed in between are kept whole after
+the summary. The call is billed whatever becomes of its summary: its usage goes
+to ``on_usage`` (the gateway's ``/metrics``) as soon as it returns, and a summary
+thrown away (empty, the session changed, the save failed) still records its row,
+in a transaction of its own.
 
 The replaced rows stay in the store marked compacted (``conversation()``
 shows them; loads do not). A failure -- the model, an empty summary, the
@@ -46,7 +50,7 @@ from bot.core.models.base import ChatModel, ModelResponse, ToolSpec, Usage, curr
 from bot.core.session import SessionContext
 from bot.core.sql import Transaction
 from bot.core.stores.base import BaseSessionStore, TransactionalStore
-from bot.core.usage import record_usage_in
+from bot.core.usage import CallUsage, record_usage_in, session_sender_in
 
 __all__ = [
     "BASE_DELAY",
@@ -92,6 +96,9 @@ class CompactionPlan(NamedTuple):
     tools: Sequence[ToolSpec]
     """The agent's tools (idem)."""
 
+
+UsageObserver = Callable[[CallUsage], None]
+"""Told of every summary call's usage as it returns (the gateway counts it in ``/metrics``)."""
 
 PlanOf = Callable[[Agent, bool], CompactionPlan | None]
 """``plan_of(agent, forced)``: how ``agent``'s sessions are compacted (``None``: not at all)."""
@@ -178,6 +185,8 @@ class Compactor:
         self._failures: dict[str, tuple[int, float]] = {}  # session -> (count, retry at)
         self._ratios: OrderedDict[str, float] = OrderedDict()
         self._tasks: dict[str, asyncio.Task[CompactionOutcome]] = {}
+        self.on_usage: UsageObserver | None = None
+        """Told of each summary call's usage (``None``: nobody counts them)."""
 
     # -- estimate -------------------------------------------------------------------
 
@@ -300,19 +309,28 @@ class Compactor:
         # No lock while the model writes: a turn arriving now runs on the committed,
         # uncompacted history, and is kept whole after the summary below.
         response = await self._summarise(plan, agent, split)
-        text = (response.content or "").strip()
-        if not text:
-            raise ValueError("the model answered the compaction request with no text")
-        async with self.store.session_lock(session_id):
-            fresh = await self.store.get(session_id)
-            if fresh is None or not _still_matches(session, fresh, split):
-                logger.info(
-                    "session %s changed during its compaction; left as it is",
-                    log_session_id(session_id),
-                )
-                return CompactionOutcome.NOTHING
-            fresh._compact(split.keep_from, split.replaced, summary_message(text))
-            await self._save(fresh, agent.name, plan.model_name, response)
+        call = CallUsage("compaction", plan.model_name, agent.name, response.usage)
+        if self.on_usage is not None:
+            self.on_usage(call)
+        saved = False
+        try:
+            text = (response.content or "").strip()
+            if not text:
+                raise ValueError("the model answered the compaction request with no text")
+            async with self.store.session_lock(session_id):
+                fresh = await self.store.get(session_id)
+                if fresh is None or not _still_matches(session, fresh, split):
+                    logger.info(
+                        "session %s changed during its compaction; left as it is",
+                        log_session_id(session_id),
+                    )
+                    return CompactionOutcome.NOTHING
+                fresh._compact(split.keep_from, split.replaced, summary_message(text))
+                await self._save(fresh, call)
+                saved = True
+        finally:
+            if not saved:  # billed all the same: the row goes in on its own
+                await self._record_alone(session_id, call)
         logger.info(
             "session %s compacted: %d messages summarised",
             log_session_id(session_id),
@@ -332,25 +350,47 @@ class Compactor:
         finally:
             current_agent_name.reset(token)
 
-    async def _save(
-        self, session: SessionContext, agent: str, model: str, response: ModelResponse
-    ) -> None:
+    async def _save(self, session: SessionContext, call: CallUsage) -> None:
         store = self.store
         if not isinstance(store, TransactionalStore):
             await store.save(session)
             return
 
         async def also(tx: Transaction) -> None:
-            await record_usage_in(
-                tx,
-                session_id=session.session_id,
-                agent=agent,
-                kind="compaction",
-                model=model,
-                usage=response.usage,
-            )
+            await _record_in(tx, session.session_id, call)
 
         await store.save(session, also=also)
+
+    async def _record_alone(self, session_id: str, call: CallUsage) -> None:
+        """Record a thrown-away summary's call in a transaction of its own; best effort."""
+        store = self.store
+        if not isinstance(store, TransactionalStore):
+            return
+
+        async def body(tx: Transaction) -> None:
+            await _record_in(tx, session_id, call)
+
+        try:
+            await store.run(body)
+        except Exception as exc:
+            logger.warning(
+                "usage of a discarded summary of session %s not recorded (%s)",
+                log_session_id(session_id),
+                type(exc).__name__,
+            )
+
+
+async def _record_in(tx: Transaction, session_id: str, call: CallUsage) -> None:
+    """``call``'s usage row, charged to the conversation's sender."""
+    await record_usage_in(
+        tx,
+        session_id=session_id,
+        agent=call.agent,
+        kind=call.kind,
+        model=call.model,
+        usage=call.usage,
+        sender=await session_sender_in(tx, session_id),
+    )
 
 
 def _split(session: SessionContext, keep: int) -> _Split | None:

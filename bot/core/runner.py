@@ -439,11 +439,12 @@ class Runner:
         session = await self.store.get_or_create(session_id, self.starting_agent)
         known = self._agents.get(session.active_agent.name)
         if known is None:
-            logger.warning(
-                "Session %s is on unknown agent %r; continuing with %r",
+            # An operator who switched AGENTS_MODULE expects this: one INFO line (N11).
+            logger.info(
+                "conversation %s moved to %r: its agent %r is gone",
                 log_session_id(session_id),
-                session.active_agent.name,
                 self.starting_agent.name,
+                session.active_agent.name,
             )
             # Not part of the rollback: the unknown agent cannot run anyway.
             session.active_agent = self.starting_agent

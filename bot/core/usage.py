@@ -42,6 +42,7 @@ __all__ = [
     "ensure_usage_schema_in",
     "record_usage_in",
     "sender_tokens_on",
+    "session_sender_in",
     "session_totals_in",
     "usage_day",
 ]
@@ -119,6 +120,21 @@ async def ensure_usage_schema_in(tx: Transaction) -> None:
     if row is not None and int(row[0]) == _TARGET:
         return
     await ensure_schema(tx, COMPONENT, MIGRATIONS)
+
+
+async def session_sender_in(tx: Transaction, session_id: str) -> str | None:
+    """The sender of the session's latest recorded call that had one (``None``: none).
+
+    Calls no message caused (a compaction) are charged to this sender: the person
+    whose conversation it is, or in a shared group conversation the last to speak.
+    """
+    await ensure_usage_schema_in(tx)
+    row = await tx.fetchone(
+        f"SELECT sender FROM {TABLE} WHERE session_id = ? AND sender IS NOT NULL "
+        "ORDER BY id DESC LIMIT 1",
+        (session_id,),
+    )
+    return None if row is None else str(row[0])
 
 
 async def record_usage_in(

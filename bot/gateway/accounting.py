@@ -182,6 +182,10 @@ class TokenAccounting:
         for call in calls:
             self._metrics.count_tokens(call.agent, call.kind, call.usage)
 
+    def count_one(self, call: CallUsage) -> None:
+        """Add one call made outside a turn (a compaction) to the ``/metrics`` counters."""
+        self._metrics.count_tokens(call.agent, call.kind, call.usage)
+
     async def budget_in(self, tx: Transaction, event: MessageEvent) -> BudgetVerdict:
         """Judge ``event``'s sender against the daily budget inside ``tx``."""
         return await self.sender_budget_in(tx, self.sender_key(event))

@@ -190,6 +190,8 @@ class Gateway:
             max_tokens_per_day=settings.max_tokens_per_sender_per_day,
         )
         self.turns.accounting = self.access.budget = self.accounting
+        # Summaries are billed like turns: counted in /metrics as their call returns.
+        runner.compactor.on_usage = self.accounting.count_one
         self.gate = Gate(settings, self.aliases, secret, pairing=self.access.pairing)
         # A job's owner is judged when it falls due: access now, and the budget its turn costs.
         self.scheduler.admit_owner = self.gate.admits_owner

@@ -31,12 +31,15 @@ from bot.gateway.takeover import Route, owe_operator_message
 
 __all__ = ["PLATFORMS", "SendTarget", "TargetError", "find_route", "parse_target", "queue_message"]
 
-PLATFORMS: Final = ("telegram", "whatsapp")
-"""Platforms ``python -m bot send`` writes to."""
+PLATFORMS: Final = ("telegram", "whatsapp", "console", "web")
+"""Platforms ``python -m bot send`` writes to (and ``schedule list --chat`` filters on):
+every platform a conversation can be on, the terminal's and the console's web chat too."""
 
 _TELEGRAM_ID = re.compile(r"-?[0-9]{1,20}")
 _WHATSAPP_ID = re.compile(r"[0-9]{5,20}")
 _TOPIC_ID = re.compile(r"[0-9]{1,12}")
+_LOCAL_ID = re.compile(r"[A-Za-z0-9._@-]{1,128}")
+"""A terminal user's or a web test chat's id (``local-user``, ``web-3f2a...``)."""
 
 
 class TargetError(ValueError):
@@ -76,6 +79,13 @@ def parse_target(target: str) -> SendTarget:
             )
         if thread_id is not None and not _TOPIC_ID.fullmatch(thread_id):
             raise TargetError(f"telegram topic id must be a positive integer, not {thread_id!r}")
+    elif platform in ("console", "web"):
+        if not _LOCAL_ID.fullmatch(chat_id):
+            raise TargetError(
+                f"{platform} chat id must be one word (e.g. {platform}:local-user), not {chat_id!r}"
+            )
+        if thread_id is not None:
+            raise TargetError(f"{platform} chats have no threads: use {platform}:<chat id>")
     else:
         if not _WHATSAPP_ID.fullmatch(chat_id):
             raise TargetError(

@@ -104,12 +104,12 @@ class Outbox:
                 obligation.platform,
                 obligation.obligation_id,
             )
-            # Give the attempt back and look again later (or at the next start).
-            await self.ledger.mark_failed(
+            # Nothing was tried: the row waits (pending, its attempt given back) and is
+            # looked at again later, or at the next start. Not a failure: no marker.
+            await self.ledger.mark_waiting(
                 obligation.obligation_id,
-                "adapter not connected",
-                retryable=True,
-                retry_after=ADAPTER_WAIT_SECONDS,
+                f"waiting: {obligation.platform} is not connected",
+                wait=ADAPTER_WAIT_SECONDS,
             )
             return
         if obligation.needs_marker:

@@ -15,15 +15,22 @@ before writing each request.
   Per chat and per group, sliding windows of the documented sizes plus the
   margin; a message held by its chat's window does not hold up other chats.
 - **Optional requests** (typing, draft previews) never wait: they are granted
-  only when nothing is waiting and the account is not paused, else dropped. A
-  final reply is never dropped: it waits its turn, and its ledger row stays
-  owed across a crash.
+  when nothing is waiting, the account is not paused and its rolling second
+  (plus the margin) has room, else dropped. They are not held to the spacing
+  of queued messages: that spacing keeps a backlog from leaving in a burst,
+  and a typing action and a turn's first draft often fall due in the same
+  instant (both 0.3 s into a turn); spacing them dropped the first draft of
+  every fast answer. A final reply is never dropped: it waits its turn, and its
+  ledger row stays owed across a crash.
 - **A refusal pauses the whole account** (``refused``: a 429 or 130429 with the
   platform's ``retry_after``, 1 s if it gave none); a request granted for a
   moment inside the pause takes a new turn after it.
 
 Only optional requests are exempt from the per-chat windows: the platforms
-document those limits for messages.
+document those limits for messages (Telegram: 1 per second per chat, 20 per
+minute per group, about 30 per second in all), and none for chat actions or
+drafts (``sendMessageDraft`` previews are not messages: ephemeral, never
+stored). Optional requests still count in the account's per-second budget.
 
 - **Scheduled posts give way to replies** (``make_way``, awaited by the outbox
   before a scheduled message is handed to the adapter). They book no moment
@@ -187,7 +194,9 @@ class AccountPacer:
     def try_optional(self) -> bool:
         """Grant an optional request now if nothing waits and the account has room."""
         now = self._now()
-        if self._waiting or self._paused_until > now or self._free_from(now) > now:
+        released = self._released
+        full = len(released) == released.maxlen and now < released[0] + 1.0 + self._margin
+        if self._waiting or self._paused_until > now or full:
             self.dropped += 1
             return False
         self._record(now, None, False)

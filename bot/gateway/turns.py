@@ -52,7 +52,7 @@ from bot.gateway.taps import tap_text
 from bot.gateway.voice_replies import VoiceReplies
 from bot.metrics import Metrics
 
-__all__ = ["MAX_INBOUND_CHARS", "TYPING_DELAY", "TYPING_INTERVAL", "Turns"]
+__all__ = ["MAX_INBOUND_CHARS", "TYPING_DELAY", "TYPING_INTERVAL", "Turns", "failure_cause"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,24 @@ TYPING_DELAY = 0.3
 before an indicator would be, so it costs no platform call and no task."""
 MAX_INBOUND_CHARS = 16_000
 """Longer inbound texts are refused with a short answer instead of reaching the model."""
+
+
+def failure_cause(exc: BaseException) -> str:
+    """What failed, for a log line, with no text in it: the error's class, the provider's
+    HTTP status, and the innermost cause (``ModelError, HTTP 401``, ``ModelError,
+    ConnectError``). The error's message may quote a provider's answer: never logged."""
+    parts = [type(exc).__name__]
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        parts.append(f"HTTP {status}")
+    inner: BaseException = exc
+    for _ in range(8):  # a cause chain is short; a cycle is not followed for ever
+        if inner.__cause__ is None:
+            break
+        inner = inner.__cause__
+    if inner is not exc:
+        parts.append(type(inner).__name__)
+    return ", ".join(parts)
 
 
 class Turns:
@@ -338,7 +356,7 @@ class Turns:
             logger.warning(
                 "turn failed in session %s (%s); sending an apology",
                 entry.session_id,
-                type(exc).__name__,
+                failure_cause(exc),
             )
             await self._answer_without_turn(entry, self.replies.apology, error=type(exc).__name__)
             return

@@ -198,9 +198,11 @@ def test_the_ledger_lists_what_needs_a_person_first(console: ConsoleRig) -> None
     # Given up on (a person must act) before the newer ones the bot still retries.
     assert page.index("given up on") < page.index("still owed 2") < page.index("still owed 0")
     order = re.findall(r'<li class="owed state-(\w+)">', page)
-    assert order == ["abandoned", "failed", "failed", "failed"]
+    # The platform is down: those replies wait (never tried), they did not fail (N6).
+    assert order == ["abandoned", "pending", "pending", "pending"]
+    assert page.count("waiting: fake is not connected") == 3
     assert page.index("Needs attention") < page.index("given up on")
-    assert re.search(r'Ledger <span class="count bad"[^>]*>4</span>', page)
+    assert re.search(r'Ledger <span class="count bad"[^>]*>1</span>', page)  # only the abandoned
 
 
 def test_every_page_has_an_icon_of_its_own(console: ConsoleRig) -> None:
@@ -242,3 +244,17 @@ def test_a_wrong_token_stays_off_the_terminal_chat(
         root.setLevel(level)
     assert "a real warning still shows" in terminal
     assert "sign-in refused" not in terminal
+
+
+def test_the_platform_filter_offers_every_platform_not_only_the_connected(
+    console: ConsoleRig,
+) -> None:
+    # N9: run web-only, the filter offered "All platforms" and "Web" while the list
+    # showed a "Terminal" conversation.
+    talk(console)
+    console.sign_in()
+    page = console.client.get("/console").text
+    offered = re.findall(r'<option value="(\w+)"', page)
+    assert {"console", "telegram", "web", "whatsapp", "fake"} <= set(offered)
+    terminal = console.client.get("/console", params={"platform": "console"}).text
+    assert 'option value="console" selected' in terminal

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bot.console import queries
+from bot.console.queries import inbox
 from bot.console.sse import CHANGED, _changes
 from bot.core.agent import Agent
 from bot.core.messages import Message, Role
@@ -120,7 +121,7 @@ async def test_the_stream_says_changed_when_the_session_is_saved(
 async def test_a_search_looks_through_a_bounded_window_and_continues(
     store: SQLiteSessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(queries, "SEARCH_WINDOW", 10)
+    monkeypatch.setattr(inbox, "SEARCH_WINDOW", 10)  # the list's page of the package
     agent = Agent(name="Helper", instructions="x")
     for n in range(30):
         session = await store.get_or_create(f"fake-{n:016x}", agent)
@@ -152,3 +153,15 @@ async def test_a_takeover_the_agent_asked_for_is_highlighted(store: SQLiteSessio
     await takeovers.take_over("fake-0123456789abcdef")
     row = await queries.conversation(store, "fake-0123456789abcdef")
     assert row is not None and row.taken_over and row.requested is None
+
+
+async def test_the_terminal_conversation_is_not_called_you(store: SQLiteSessionStore) -> None:
+    # N19: titled "you" (the terminal's name for its user) beside "You: ..." previews of
+    # the operator's own messages: two people called "you".
+    agent = Agent(name="Helper", instructions="x")
+    metadata = {"platform": "console", "chat_type": "dm", "sender_name": "you"}
+    session = await store.get_or_create("console-0123456789abcdef", agent, metadata)
+    session.add_message(Message(role=Role.USER, content="hi"))
+    await store.save(session)
+    row = await queries.conversation(store, "console-0123456789abcdef")
+    assert row is not None and row.title == "Terminal user"

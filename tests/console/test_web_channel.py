@@ -65,3 +65,33 @@ def test_a_fresh_test_chat_page_shows_before_its_first_turn(console: ConsoleRig)
     console.sign_in()
     page = console.client.get("/console/c/web-0123456789abcdef")
     assert page.status_code == 200 and "No messages yet." in page.text
+
+
+def test_a_taken_over_test_chat_keeps_both_boxes_and_the_user_can_still_speak(
+    console: ConsoleRig,
+) -> None:
+    # N7: after "Take over" the Say box was gone, so the operator, who plays both people
+    # in a test chat, could not try the take-over loop without a second channel.
+    csrf = console.sign_in()
+    page = console.client.get("/console/web")
+    console.model.add(ScriptedModel.reply("Hello!"))
+    form = {"csrf": csrf, "nonce": nonce_of(page.text), "text": "hi bot"}
+    target = console.client.post("/console/web", data=form, follow_redirects=False)
+    target_url = target.headers["location"]
+    assert console.call(console.gateway._dispatcher.drain, 5.0)
+    taken = console.client.post(target_url + "/takeover", data={"csrf": csrf})
+    assert taken.status_code in (200, 303)
+    transcript = console.client.get(target_url).text
+    assert "Say, as the user of this test chat" in transcript
+    assert "Reply as a person" in transcript
+    nonces = re.findall(r'name="nonce" value="([0-9a-f]{32})"', transcript)
+    assert len(nonces) == len(set(nonces)) == 2  # each box its own
+    said = console.client.post(
+        target_url + "/say",
+        data={"csrf": csrf, "nonce": nonces[0], "text": "is anyone there?"},
+        follow_redirects=False,
+    )
+    assert said.status_code == 303
+    assert console.call(console.gateway._dispatcher.drain, 5.0)
+    assert len(console.model.requests) == 1  # a person answers now, not the model
+    assert "is anyone there?" in console.client.get(target_url).text

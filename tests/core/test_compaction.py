@@ -27,6 +27,7 @@ from bot.core.sql import Transaction
 from bot.core.stores.base import BaseSessionStore, TransactionalStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.tools import tool
+from bot.core.usage import CallUsage, record_usage_in
 from bot.errors import ModelError, StorageError
 from tests.core.conftest import StoreFactory
 
@@ -488,3 +489,43 @@ async def test_a_compaction_model_of_its_own_writes_the_summaries() -> None:
         assert await runner.compact("s1") is CompactionOutcome.COMPACTED
     assert model.summaries == [] and len(summariser.summaries) == 1
     assert summariser.turns == []
+
+
+async def test_a_thrown_away_summary_is_still_recorded_and_charged_to_the_sender(
+    store_factory: StoreFactory,
+) -> None:
+    # G10: an empty summary is thrown away, but the provider billed the call.
+    store = store_factory()
+    if not isinstance(store, TransactionalStore):
+        pytest.skip("usage rows are kept by SQL stores")
+    replies = [ScriptedModel.reply(f"answer {n}") for n in range(4)]
+    model = ScriptedModel([*replies, ScriptedModel.reply("", usage=Usage(5000, 300))])
+    counted: list[CallUsage] = []
+    async with Runner(_agent(trigger_tokens=100_000), store, model=model) as runner:
+        runner.compactor.on_usage = counted.append
+        await _turns(runner, 4)
+
+        async def chat_row(tx: Transaction) -> None:  # as the gateway records a turn
+            await record_usage_in(
+                tx,
+                session_id="s1",
+                agent="Support",
+                kind="chat",
+                model="m",
+                usage=Usage(1, 1),
+                sender="sender-digest",
+            )
+
+        await store.run(chat_row)
+        assert await runner.compact("s1") is CompactionOutcome.FAILED
+
+    async def body(tx: Transaction) -> list[tuple[object, ...]]:
+        return await tx.fetchall(
+            "SELECT kind, sender, prompt_tokens, completion_tokens FROM chatflow_usage "
+            "WHERE kind = 'compaction'"
+        )
+
+    assert await store.run(body, write=False) == [("compaction", "sender-digest", 5000, 300)]
+    assert [(c.kind, c.agent, c.usage.input_tokens) for c in counted] == [
+        ("compaction", "Support", 5000)
+    ]

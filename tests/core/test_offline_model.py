@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from agents.reminders import reminders
 from bot.core.agent import Agent, tool
 from bot.core.attachments import attachment_note
 from bot.core.messages import DocumentPart, Message, Role, ToolCall
@@ -299,3 +300,27 @@ async def test_a_question_is_looked_up_in_the_knowledge_base_and_the_answer_cite
     # A greeting is no question: echoed, not looked up.
     content, calls = await ask([user("hello there")], desk.tool_specs(), agent="Desk")
     assert calls == [] and content is not None and "hello there" in content
+
+
+@pytest.mark.parametrize(
+    ("text", "delay", "reminder"),
+    [
+        ("remind me in 1 minute to call Bob", 60, "Reminder: call Bob"),
+        ("Remind me in 20 minutes to check the oven.", 1200, "Reminder: check the oven"),
+        ("please remind me in 2 hours to water the plants", 7200, "Reminder: water the plants"),
+        ("in an hour, remind me to stretch", 3600, "Reminder: stretch"),
+        ("remind me to call Anna in 3 min", 180, "Reminder: call Anna"),
+    ],
+)
+async def test_a_request_for_later_calls_the_schedule_tool_with_the_delay(
+    text: str, delay: int, reminder: str
+) -> None:
+    # N2: the reminders demo echoed without a key; the model never filled delay_seconds.
+    (call,) = (await ask([user(text)], reminders.tool_specs(), agent="Reminders"))[1]
+    assert call.name == "schedule_message"
+    assert call.arguments == {"delay_seconds": delay, "text": reminder}
+
+
+async def test_without_a_delay_tool_a_request_for_later_is_not_scheduled() -> None:
+    content, calls = await ask([user("remind me in 5 minutes to call Bob")], TRIAGE.tool_specs())
+    assert calls == [] and content is not None and content.startswith(OFFLINE_PREFIX)

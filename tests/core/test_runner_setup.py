@@ -294,3 +294,25 @@ async def test_async_with_closes_the_runner_when_the_block_raises(
         async with Runner(Agent("A", ""), model=ScriptedModel()) as runner:
             raise LookupError("user code failed")
     assert closed == [runner]
+
+
+async def test_a_conversation_on_a_gone_agent_moves_on_with_one_info_line(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # N11: switching AGENTS_MODULE printed two WARNINGs for an expected move.
+    path = f"{tmp_path}/moved.db"
+    billing = Agent(name="Billing", instructions="x")
+    first = ScriptedModel([ScriptedModel.reply("hi")])
+    async with Runner(billing, SQLiteSessionStore(path), model=first) as runner:
+        await runner.run_async("s1", "hello")
+    reminders = Agent(name="Reminders", instructions="x")
+    store = SQLiteSessionStore(path)
+    later = ScriptedModel([ScriptedModel.reply("hi again")])
+    async with Runner(reminders, store, model=later) as runner:
+        with caplog.at_level(logging.DEBUG):
+            result = await runner.run_async("s1", "hello again")
+    assert result.agent == "Reminders"
+    assert [r.levelname for r in caplog.records if r.levelno >= logging.WARNING] == []
+    (moved,) = [r for r in caplog.records if "moved to" in r.getMessage()]
+    assert moved.levelno == logging.INFO
+    assert "'Reminders': its agent 'Billing' is gone" in moved.getMessage()

@@ -67,3 +67,7 @@ async def test_behind_a_trusted_proxy_the_console_sees_https_and_the_real_client
             assert right.status_code == 200 and "counts" in right.json()
     finally:
         assert await bot.stop() == 0
+    # N5: with the web chat on, the terminal prompt is gone: the banner says so.
+    assert any(
+        line.startswith("Terminal chat off") and "run --console" in line for line in bot.log
+    ), bot.log

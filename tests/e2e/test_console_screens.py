@@ -420,6 +420,11 @@ async def test_the_console_at_desktop_and_phone_widths(tmp_path: Path) -> None:
             await phone.screenshot(path=str(ARTIFACTS / f"console-phone-{n}.png"), full_page=True)
         await phone.goto(seeded.url + "/console")
         await phone.screenshot(path=str(save("console-phone.png")), full_page=True)
+        # N9: the nav wraps on a phone: every tab on screen, none scrolled out of sight.
+        edges = await phone.evaluate(
+            "[...document.querySelectorAll('.tabs a')].map(a => a.getBoundingClientRect().right)"
+        )
+        assert len(edges) >= 4 and max(edges) <= PHONE["width"], edges
 
         # Both colour schemes render: light text on dark, dark text on light.
         for scheme, dark in (("light", False), ("dark", True)):

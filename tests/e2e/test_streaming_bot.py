@@ -106,6 +106,29 @@ async def test_a_dm_shows_growing_drafts_then_one_final_message(
     assert ANSWER[:30] not in log and "where is my order" not in log
 
 
+async def test_a_fast_short_answer_still_shows_several_growing_drafts(
+    bot: BotProcess, telegram: FakeTelegramServer, openai: FakeOpenAIServer
+) -> None:
+    """Drafts: 12 chunks over 1.8 s showed one draft, the whole answer. The typing
+    action and the first draft fall due together, and the pacer dropped the draft."""
+
+    def twelve_chunks(request: RecordedRequest) -> FakeResponse:
+        reply = FakeOpenAIServer.reply(ANSWER)
+        reply.chunk_chars = -(-len(ANSWER) // 12)
+        return reply
+
+    openai.responder = twelve_chunks
+    openai.stream_delay = 0.15
+    telegram.push_update(update("private_text", 1, text="where is my order?"))
+    (final,) = await telegram.wait_for_sent(1, within=30)
+    assert final.text == ANSWER
+    (request,) = openai.chat_requests
+    assert len(request.chunk_times) in (12, 13)  # 12 pieces (and the closing chunk)
+    assert_growing_drafts(telegram, ANSWER)
+    first = telegram.drafts[0].text
+    assert len(first) < len(ANSWER) // 2, first  # the preview grew from early on
+
+
 async def test_a_group_shows_typing_and_one_final_message(
     bot: BotProcess, telegram: FakeTelegramServer, openai: FakeOpenAIServer
 ) -> None:

@@ -11,7 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.platforms.whatsapp.templates import WINDOW_CLOSED_REASON
+from bot.platforms.whatsapp.templates import (
+    MAX_TEMPLATE_PARTS,
+    PARAMETER_LIMIT,
+    WINDOW_CLOSED_REASON,
+)
 from tests.e2e.botprocess import BotProcess
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
@@ -141,3 +145,44 @@ async def test_meta_refusing_free_form_while_our_record_says_open_sends_the_temp
     assert sent.json["template"]["name"] == TEMPLATE
     assert graph.template_texts(sent) == [answer]
     assert len(openai.chat_requests) == 1  # the turn ran once; only its delivery changed
+
+
+async def test_a_long_reply_past_the_window_goes_as_numbered_templates_or_is_refused_whole(
+    start_bot: Callable[[dict[str, str]], BotProcess], graph: FakeWhatsAppServer
+) -> None:
+    """G11: a long text was cut to 974 characters and the row marked delivered. Now it
+    goes as several templates in order; one too long for MAX_TEMPLATE_PARTS is refused
+    before anything is sent, and the ledger row says why."""
+    steps = "\n".join(
+        f"Step {i}: do the thing number {i} carefully, then check it." for i in range(1, 61)
+    )
+    huge = "word " * (PARAMETER_LIMIT * MAX_TEMPLATE_PARTS // 5 + 10)
+    async with FakeOpenAIServer() as openai:
+        openai.add(openai.reply(steps))
+        openai.add(openai.reply(huge))
+        bot = start_bot(
+            bot_env(
+                graph,
+                WHATSAPP_TEMPLATE_NAME=TEMPLATE,
+                OPENAI_API_KEY=openai.api_key,
+                OPENAI_BASE_URL=openai.base_url,
+                DEFAULT_MODEL="gpt-test",
+            )
+        )
+        await bot.start()
+        sender = WebhookSender(f"{bot.url}/webhooks/whatsapp", APP_SECRET)
+        await sender.post_one(sender.text("how do I set it up?"))
+        sent = await graph.wait_for_sent(4, within=20)
+        await metric_reaches(bot, 'chatflow_replies_delivered_total{platform="whatsapp"} 1.0')
+        await sender.post_one(sender.text("and the long version?"))
+        await metric_reaches(bot, 'chatflow_abandoned_total{platform="whatsapp"} 1.0')
+        status = await ledger_status(bot)
+    assert graph.templates == sent == graph.sent  # the huge one sent nothing at all
+    parameters = [text for request in sent for text in graph.template_texts(request)]
+    assert [p.split(" ", 1)[0] for p in parameters] == ["(1/4)", "(2/4)", "(3/4)", "(4/4)"]
+    assert all(len(p) <= PARAMETER_LIMIT for p in parameters)
+    # Every step arrived, in order, none cut: the parts joined are the folded text.
+    assert " ".join(p.split(" ", 1)[1] for p in parameters) == " ".join(steps.split())
+    assert "delivered: 1" in status and "abandoned: 1" in status
+    assert "too long for the WhatsApp template" in status
+    assert f"would take {MAX_TEMPLATE_PARTS + 1} templates" in status

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from bot.core.compaction import SUMMARY_INSTRUCTIONS, is_summary
+from bot.core.models.base import Usage
 from bot.core.models.scripted import ScriptedModel
 from bot.errors import ModelError
 from bot.gateway.gateway import Replies
@@ -73,3 +76,42 @@ def test_help_names_compact() -> None:
 async def _sid(rig: Rig) -> str:
     (session_id,) = await rig.store.list_sessions()  # the rig's one conversation
     return session_id
+
+
+SUMMARY_USAGE = Usage(input_tokens=5000, output_tokens=300)
+
+
+async def _usage_rows(rig: Rig) -> list[tuple[str, str | None, int, int]]:
+    async with rig.store.transaction() as tx:
+        rows = await tx.fetchall(
+            "SELECT kind, sender, prompt_tokens, completion_tokens FROM chatflow_usage ORDER BY id"
+        )
+    return [(str(k), None if s is None else str(s), int(p), int(c)) for k, s, p, c in rows]
+
+
+@pytest.mark.parametrize(
+    ("summary", "answer"),
+    [
+        pytest.param("Orders so far: ORD-0, ORD-1", "compacted", id="kept"),
+        pytest.param("", "compact_failed", id="thrown-away"),
+    ],
+)
+async def test_a_summary_is_billed_in_metrics_and_usage_to_the_sender_kept_or_not(
+    rigs: Callable[..., object], summary: str, answer: str
+) -> None:
+    # G10: the summary call reached neither /metrics nor, when its summary was thrown
+    # away, the usage table; and its row named no sender, so budgets never saw it.
+    rig: Rig = await rigs()  # type: ignore[misc]
+    await _chat(rig, 7)
+    rig.model.add(ScriptedModel.reply(summary, usage=SUMMARY_USAGE))
+    await rig.adapter.deliver(make_event("/compact", command="compact"))
+    sent = await rig.adapter.wait_for_sent(8)
+    assert sent[7].text == getattr(Replies(), answer)
+    rows = await _usage_rows(rig)
+    chat_senders = {sender for kind, sender, _, _ in rows if kind == "chat"}
+    assert len(chat_senders) == 1 and None not in chat_senders
+    assert [r for r in rows if r[0] == "compaction"] == [("compaction", *chat_senders, 5000, 300)]
+    value = rig.gateway.metrics.registry.get_sample_value
+    labels = {"agent": "Helper", "call": "compaction"}
+    assert value("chatflow_tokens_total", {**labels, "kind": "prompt"}) == 5000
+    assert value("chatflow_tokens_total", {**labels, "kind": "completion"}) == 300

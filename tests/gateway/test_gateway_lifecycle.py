@@ -20,14 +20,14 @@ from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
 from bot.core.sql import Transaction
 from bot.core.stores.sqlite import SQLiteSessionStore
-from bot.errors import PlatformError, StorageError
+from bot.errors import ModelError, PlatformError, StorageError
 from bot.gateway import gateway as gateway_module
 from bot.gateway.gateway import Gateway, Replies
 from bot.gateway.instances import Owner
 from bot.gateway.keys import session_id_for
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.core import DeliveredMark
-from bot.gateway.ledger.obligations import RECOVERED_MARKER, Obligation
+from bot.gateway.ledger.obligations import NOBODY, RECOVERED_MARKER, Obligation
 from bot.platforms.base import SendResult
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.gateway.conftest import SECRET, Rig
@@ -413,3 +413,77 @@ async def test_stop_commits_the_buffered_delivered_marks(
         rows = db.execute("SELECT state FROM chatflow_delivery_obligations").fetchall()
     await store.close()
     assert rows == [("delivered",)]
+
+
+async def test_a_message_for_a_platform_not_connected_waits_and_is_not_marked_resent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # N3/N6: the operator's message to a platform that is down is never handed to it,
+    # so it waits (not "failed"), and after a restart it goes out without the
+    # "resent after a restart" marker.
+    monkeypatch.setattr(gateway_module, "ADAPTER_START_BACKOFF", (3600.0,))
+    path = str(tmp_path / "c.db")
+    store = SQLiteSessionStore(path)
+    down = FlakyStartAdapter("telegram", failures=1)
+    runner = Runner(Agent(name="Helper", instructions=""), store, model=ScriptedModel())
+    gateway = Gateway(
+        runner, store, [down, FakeAdapter(name="whatsapp")], Settings(), secret=SECRET
+    )
+    await gateway.start()
+    await gateway.wait_ready()
+    queued = Obligation.owed(
+        obligation_id="operator0001",
+        session_key="agent:main:telegram:dm:chat_42",
+        session_id="telegram-0123456789abcdef",
+        platform="telegram",
+        chat_id="42",
+        thread_id=None,
+        reply_to=None,
+        content="Hello from the operator",
+        message_ref="operator:1",
+    )
+    async with store.transaction() as tx:  # as `python -m bot send` queues it
+        await DeliveryLedger(store, owner=NOBODY).record_in(tx, queued)
+    assert await gateway.outbox.retry_due() == 1
+    row = await gateway.ledger.get("operator0001")
+    assert row is not None
+    assert (row.state, row.attempts) == ("pending", 0)
+    assert row.last_error == "waiting: telegram is not connected"
+    await gateway.stop(grace=1)
+    await store.close()
+    monkeypatch.setattr(instances_module, "_current_owner", None)  # a restart: a new instance
+    store2 = SQLiteSessionStore(path)
+    back = FakeAdapter(name="telegram")
+    gateway2 = _gateway(store2, back, ScriptedModel())
+    try:
+        await gateway2.start()
+        (sent,) = await back.wait_for_sent(1)
+        assert sent.text == "Hello from the operator"  # no marker: it was never sent
+    finally:
+        await gateway2.stop(grace=1)
+        await store2.close()
+
+
+async def test_a_failed_turn_logs_its_cause_without_any_text(
+    rigs: Callable[..., object], caplog: pytest.LogCaptureFixture
+) -> None:
+    # N17: the WARNING said only "(ModelError)"; the cause (a 401, a refused connection)
+    # was for doctor alone to find.
+    rig: Rig = await rigs()  # type: ignore[misc]
+    try:
+        raise ConnectionRefusedError("connect to 10.0.0.1 refused")
+    except ConnectionRefusedError as inner:
+        refused = ModelError("provider unreachable")
+        refused.__cause__ = inner
+    rig.model.add(ModelError("Incorrect API key sk-secret provided", status_code=401))
+    rig.model.add(refused)
+    with caplog.at_level(logging.WARNING, logger="bot.gateway.turns"):
+        for n in range(2):
+            await rig.adapter.deliver(make_event(f"hello {n}", message_id=f"fake:{n}"))
+            await rig.adapter.wait_for_sent(n + 1)
+    lines = [r.getMessage() for r in caplog.records if "turn failed" in r.getMessage()]
+    assert [line.split("(", 1)[1].split(")", 1)[0] for line in lines] == [
+        "ModelError, HTTP 401",
+        "ModelError, ConnectionRefusedError",
+    ]
+    assert "sk-secret" not in caplog.text and "10.0.0.1" not in caplog.text

@@ -122,6 +122,25 @@ async def test_typing_is_dropped_under_backlog_and_replies_never_are() -> None:
     assert p.dropped == 2
 
 
+async def test_typing_and_a_draft_due_at_once_both_go_out_within_the_account_budget() -> None:
+    # Drafts: the typing action and a turn's first draft fall due in the same instant
+    # (both 0.3 s into the turn); the second was dropped for the spacing of queued
+    # messages, so a fast answer showed its first draft a whole interval late.
+    clock = ManualClock()
+    p = pacer(clock=clock)
+    assert await p.turn("1", optional=True) is True  # typing
+    assert await p.turn("1", optional=True) is True  # the first draft, the same instant
+    # Optional requests still count in the account's rolling second...
+    for n in range(TELEGRAM.per_second - 2):
+        assert await p.turn(str(n), optional=True) is True
+    assert await p.turn("x", optional=True) is False
+    clock.now += 1.1  # ... until it has passed
+    assert await p.turn("x", optional=True) is True
+    # ... and a message after them keeps the account's window and spacing.
+    times = [p.reserve(str(500 + i)) for i in range(40)]
+    assert times[0] >= clock.now and most_in_window(times, 1.0) <= TELEGRAM.per_second
+
+
 # -- through the gateway -----------------------------------------------------------------
 
 

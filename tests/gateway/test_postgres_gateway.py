@@ -213,6 +213,31 @@ async def test_updates_around_a_send_are_fenced_by_owner(stores: StoreMaker) -> 
     assert await other.mark_failed(oid, "timeout", retryable=True)
 
 
+async def test_a_waiting_row_and_a_certain_failure_are_resent_unmarked(stores: StoreMaker) -> None:
+    store = await stores()
+    crashed = DeliveryLedger(store, owner=Owner(1, "crashed"))
+    waiting, refused, cut = [await record(crashed, store, i) for i in range(3)]
+    for oid in (waiting, refused, cut):
+        assert await crashed.mark_attempting(oid)
+    assert await crashed.mark_waiting(waiting, "waiting: fake is not connected", wait=0)
+    assert await crashed.mark_failed(refused, "400", retryable=True, retry_after=0)
+    taker = DeliveryLedger(await stores(), owner=Owner(2, "taker"))
+    claimed = {o.obligation_id: o for o in await taker.sweep_recoverable()}
+    assert {oid: o.needs_marker for oid, o in claimed.items()} == {
+        waiting: False,
+        refused: False,
+        cut: True,  # cut by the death: it may have arrived
+    }
+    assert claimed[waiting].attempts == 1
+    assert await taker.mark_delivered(waiting, ["m1"]) and await taker.mark_delivered(
+        refused, ["m2"]
+    )
+    # The cut send's marker is remembered even if its resend then fails for sure.
+    assert await taker.mark_failed(cut, "400", retryable=True, retry_after=0)
+    (again,) = await DeliveryLedger(await stores(), owner=Owner(3, "third")).sweep_recoverable()
+    assert again.obligation_id == cut and again.needs_marker
+
+
 # -- leases --------------------------------------------------------------------------------
 
 

@@ -18,6 +18,10 @@ so nobody mistakes it for a real model. Rules, in order:
    none or a free-text one must also be named by the text (a word of its name).
    Of several, the one the text names and that uses the most of it wins:
    "refund for invoice INV-2001" calls ``request_refund``, not ``get_invoice``.
+   A request for later ("remind me in 20 minutes to call Bob", "in 2 hours")
+   fits a tool with a ``*_seconds`` delay parameter (``schedule_message``): the
+   delay is read from the text and its free-text argument is what follows
+   "to" ("Reminder: call Bob").
 4. The user's message carries media (a photo, a voice note, a document...):
    describe what arrived, plainly (``offline_media``).
 5. The text names a tool whose id it does not give: ask for it.
@@ -74,6 +78,13 @@ _FREE_TEXT_PARAMS = frozenset(
 _ENDS = (".", "!", "?", "…")
 _EXAMPLE_RE = re.compile(r'"([^"\s]{2,40})"')
 """A quoted example in a parameter's description: ``e.g. "INV-2001"``."""
+_DELAY_RE = re.compile(
+    r"\bin\s+(\d+|an?|one)\s*(seconds?|secs?|minutes?|mins?|hours?|hrs?)\b", re.IGNORECASE
+)
+"""A delay as people write it: "in 20 minutes", "in an hour", "in 2 hrs"."""
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+_TASK_RE = re.compile(r"\b(?:to|that|about)\s+(.+?)[\s.!?]*$", re.IGNORECASE | re.DOTALL)
+"""What a reminder is for: "... in 5 minutes to call Bob", "remind me to call Bob in 5 min"."""
 _HANDOFF_PREFIX = "transfer_to_"  # bot.core.agent.HANDOFF_PREFIX (importing it would cycle)
 _KNOWLEDGE_TOOL = "search_knowledge"  # bot.knowledge_tools (the models know no tool module)
 _QUESTION_WORDS_TEXT = (
@@ -194,6 +205,21 @@ def _extract_argument(param: str, schema: Mapping[str, Any], text: str) -> Any |
     return value
 
 
+def _delay(text: str) -> tuple[int, str] | None:
+    """``(seconds, what for)`` of a request for later in ``text``, or ``None``."""
+    found = _DELAY_RE.search(text)
+    if found is None:
+        return None
+    count = found.group(1).lower()
+    amount = int(count) if count.isdigit() else 1
+    seconds = amount * _UNIT_SECONDS[found.group(2)[0].lower()]
+    if seconds < 1:
+        return None
+    task = _TASK_RE.search(text[found.end() :]) or _TASK_RE.search(text[: found.start()])
+    what = task.group(1).strip() if task is not None else ""
+    return seconds, what
+
+
 def _summarise(tool_name: str | None, content: str | None, notes: Iterable[str] = ()) -> str:
     label = (tool_name or "the tool").replace("_", " ")
     text = (content or "").strip()
@@ -257,15 +283,21 @@ class _Fit:
         required = list(spec.parameters.get("required", []) or [])
         self.arguments: dict[str, Any] = {}
         self.missing: list[tuple[str, Mapping[str, Any]]] = []
+        later = _later(properties, text)
+        if later is not None:
+            self.arguments[later[0]] = later[1]
         for param in required:
             schema = properties.get(param, {}) or {}
             value = _extract_argument(param, schema, text)
+            if later is not None and later[2] and _is_free_text(param, schema):
+                value = f"Reminder: {later[2]}"  # what the reminder is for, not the request
             if value is None:
                 self.missing.append((param, schema))
             else:
                 self.arguments[param] = value
         name_words = _keywords(spec.name.replace("_", " "), extra_stop=_GENERIC_TOOL_WORDS)
-        self.named = bool(name_words) and _matches(stems, name_words)
+        # A delay read for the tool's delay parameter names it as surely as a word would.
+        self.named = later is not None or (bool(name_words) and _matches(stems, name_words))
         # Without an id or an address read from the text, only its name says it was meant.
         self.needs_name = not required or any(
             _is_free_text(p, properties.get(p, {}) or {}) for p in required
@@ -278,6 +310,30 @@ class _Fit:
     @property
     def rank(self) -> tuple[bool, int]:
         return self.named, len(self.arguments)
+
+
+def _later(properties: Mapping[str, Any], text: str) -> tuple[str, int, str] | None:
+    """``(parameter, seconds, what for)`` when the tool takes a delay in seconds (an
+    integer ``*_seconds`` parameter) and ``text`` asks for something that much later."""
+    param = next(
+        (
+            name
+            for name, schema in properties.items()
+            if name.endswith("_seconds") and _takes_integer(schema or {})
+        ),
+        None,
+    )
+    delay = _delay(text) if param is not None else None
+    if param is None or delay is None:
+        return None
+    return param, delay[0], delay[1]
+
+
+def _takes_integer(schema: Mapping[str, Any]) -> bool:
+    """``{"type": "integer"}``, or an optional one (``anyOf`` integer or null)."""
+    if schema.get("type") == "integer":
+        return True
+    return any((option or {}).get("type") == "integer" for option in schema.get("anyOf", ()))
 
 
 def _own_tools(tools: Sequence[ToolSpec]) -> list[ToolSpec]:

@@ -172,9 +172,8 @@ class BaseSessionStore(ABC):
                 return agent
         if fallback is not None and fallback.name == name:
             return fallback
-        logger.warning(
-            "stored agent %r is unknown to this runner; using a placeholder without tools", name
-        )
+        # DEBUG: the Runner that loads it says once, at INFO, where the conversation goes.
+        logger.debug("stored agent %r is unknown here; a placeholder without tools", name)
         return Agent(name=name, instructions="")
 
     # -- contexts -------------------------------------------------------------------

@@ -267,7 +267,8 @@ class PostgresSessionStore(SQLSessionStore):
             )
         except _DB_ERRORS as exc:
             raise StorageError(
-                f"cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: {_describe(exc)}"
+                f"DATABASE_URL: cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: "
+                f"{_describe(exc)}"
             ) from exc
         try:
             await self._migrate(pool)

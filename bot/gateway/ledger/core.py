@@ -584,6 +584,38 @@ class LedgerCore:
             self._abandoned(platform)
         return updated
 
+    async def mark_waiting(self, obligation_id: str, reason: str, *, wait: float) -> bool:
+        """Give back a claimed row that was never handed to its platform (it is not
+        connected): ``pending`` again, its attempt refunded, due after ``wait``
+        seconds, ``reason`` kept for the operator. Not ``failed``: nothing was tried,
+        so a later send carries no "resent" marker either. Best effort, like
+        ``mark_failed``; returns whether the row was updated."""
+        if self._buffered(obligation_id):
+            await self.flush()
+        now = self._now()
+        noted = clip_error(reason)
+        fence, fence_params = self._fence()
+
+        async def body(tx: Transaction) -> int:
+            return await tx.execute(
+                f"UPDATE {TABLE} SET state = 'pending', "
+                "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, "
+                "last_error = ?, next_attempt_at = ?, updated_at = ? "
+                "WHERE obligation_id = ? AND state = 'attempting'" + fence,
+                (noted, now + max(wait, 0.0), now, obligation_id, *fence_params),
+            )
+
+        try:
+            changed = await self._run(body)
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("mark waiting", obligation_id, exc)
+            self._unrecorded[obligation_id] = lambda: self.mark_waiting(
+                obligation_id, reason, wait=wait
+            )
+            return False
+        self._unrecorded.pop(obligation_id, None)
+        return changed == 1
+
     @property
     def unrecorded(self) -> int:
         """Send outcomes waiting to be written (a storage failure kept them out)."""

@@ -35,14 +35,20 @@ from bot.gateway.ledger.obligations import (
 __all__ = ["Recovery"]
 
 _BATCH = 100
+_REMEMBER_CUT_SEND = (
+    "maybe_delivered = CASE WHEN state = 'attempting' THEN 1 ELSE maybe_delivered END"
+)
+"""A send cut by its process's death may have arrived: remembered for good, so a later
+certain failure of the resend does not lose the marker of the resend after it."""
 
 
 class Recovery(LedgerCore):
     """Sweeps, claims, retries and pruning (part of ``DeliveryLedger``)."""
 
     async def due_retries(self, now: datetime | None = None) -> list[Obligation]:
-        """Claim this process's ``failed`` rows whose retry time has come, and the
-        ``pending`` rows queued for any gateway (owner ``NOBODY``); best effort.
+        """Claim this process's ``failed`` rows whose retry time has come, its rows
+        waiting for their platform (``mark_waiting``) once due, and the ``pending``
+        rows queued for any gateway (owner ``NOBODY``); best effort.
 
         Each returned row is already ``attempting`` (attempts counted): send
         it without ``mark_attempting``. ``needs_marker`` is set when an earlier
@@ -62,6 +68,13 @@ class Recovery(LedgerCore):
                 "ORDER BY next_attempt_at, created_at",
                 (moment, me.pid, me.instance_id),
             )
+            # Rows given back unsent while their platform was not connected (mark_waiting).
+            waiting = await tx.fetchall(
+                f"SELECT {COLUMNS} FROM {TABLE} WHERE state = 'pending' "
+                "AND next_attempt_at <= ? AND owner_pid = ? AND owner_instance = ? "
+                "ORDER BY next_attempt_at, created_at",
+                (moment, me.pid, me.instance_id),
+            )
             # Through the (state, next_attempt_at) index: only the few pending rows are read.
             queued = await tx.fetchall(
                 f"SELECT {COLUMNS} FROM {TABLE} WHERE state = 'pending' "
@@ -69,7 +82,7 @@ class Recovery(LedgerCore):
                 "ORDER BY created_at, obligation_id",
                 (NOBODY.pid, NOBODY.instance_id),
             )
-            return own + queued
+            return own + waiting + queued
 
         try:
             # The poll runs every few seconds: a read that finds nothing writes nothing.
@@ -106,8 +119,10 @@ class Recovery(LedgerCore):
         (owner = us, still ``failed``) for ``due_retries``. The rest are claimed
         with one guarded UPDATE each (owner and state unchanged since read, so
         only one of two racing processes wins), moved to ``attempting`` with
-        attempts + 1, and returned oldest first with ``needs_marker`` when they
-        were not ``pending``. Send them without ``mark_attempting``.
+        attempts + 1, and returned oldest first with ``needs_marker`` when an
+        earlier attempt may have arrived (the row was ``attempting``, or a failure
+        was ambiguous; never for ``pending`` rows nor certain failures such as
+        "adapter not connected"). Send them without ``mark_attempting``.
 
         Call it at start-up once adapters are connected, and from time to time
         afterwards to pick up rows the operator re-queued. A storage failure is
@@ -140,7 +155,7 @@ class Recovery(LedgerCore):
                 batch = await self._settle(
                     candidates[start : start + _BATCH],
                     moment,
-                    needs_marker_for=_not_pending,
+                    needs_marker_for=_maybe_sent,
                     deliverable_platforms=deliverable_platforms,
                     adopt_only=adopt_only,
                 )
@@ -207,7 +222,7 @@ class Recovery(LedgerCore):
                 if (ob.state == "failed" and not due) or adopt_only:
                     adopted = await tx.execute(
                         f"UPDATE {TABLE} SET owner_pid = ?, owner_instance = ?, "
-                        f"owner_started = ?, updated_at = ? {guard}",
+                        f"owner_started = ?, {_REMEMBER_CUT_SEND}, updated_at = ? {guard}",
                         (me.pid, me.instance_id, me.started, moment, *stamp),
                     )
                     if adopted == 1 and adopt_only and (due or ob.state != "failed"):
@@ -216,7 +231,7 @@ class Recovery(LedgerCore):
                 changed = await tx.execute(
                     f"UPDATE {TABLE} SET owner_pid = ?, owner_instance = ?, owner_started = ?, "
                     "state = 'attempting', attempts = attempts + 1, next_attempt_at = NULL, "
-                    f"updated_at = ? {guard}",
+                    f"{_REMEMBER_CUT_SEND}, updated_at = ? {guard}",
                     (me.pid, me.instance_id, me.started, moment, *stamp),
                 )
                 if changed == 1:
@@ -297,5 +312,8 @@ def _maybe_only(obligation: Obligation) -> bool:
     return obligation.maybe_delivered
 
 
-def _not_pending(obligation: Obligation) -> bool:
-    return obligation.state != "pending" or obligation.maybe_delivered
+def _maybe_sent(obligation: Obligation) -> bool:
+    """Whether an earlier attempt may have reached the platform: a send cut by its
+    process's death (``attempting``), or one that failed ambiguously. A ``failed`` row
+    whose failure was certain (a refusal, "adapter not connected") reached nobody."""
+    return obligation.state == "attempting" or obligation.maybe_delivered

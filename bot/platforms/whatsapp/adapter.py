@@ -75,10 +75,13 @@ from bot.platforms.whatsapp.payload import (
 from bot.platforms.whatsapp.send_media import WhatsAppFiles
 from bot.platforms.whatsapp.send_voice import WhatsAppVoice
 from bot.platforms.whatsapp.templates import (
+    MAX_TEMPLATE_PARTS,
     REENGAGEMENT_CODE,
     WINDOW_CLOSED_REASON,
     WINDOW_SECONDS,
     ReplyTemplate,
+    template_parts,
+    too_long_reason,
 )
 
 __all__ = [
@@ -498,29 +501,49 @@ class WhatsAppAdapter(WhatsAppFiles, WhatsAppVoice, WhatsAppButtons, PlatformAda
     async def _send_template(
         self, wa: WhatsApp, chat_id: str, text: str, reply_to: str | None
     ) -> SendResult:
-        """Send ``text`` as the operator's template, in one message."""
+        """Send ``text`` as the operator's template: one message, or several in order
+        when it is longer than a parameter holds (``template_parts``); refused whole,
+        before anything is sent, past ``MAX_TEMPLATE_PARTS``."""
         template = self.template
         if template is None:
             raise self._window_closed_error()
-        if self._wa is not wa:
-            raise PlatformError(
-                "WhatsApp adapter stopped while sending", platform=PLATFORM, retryable=True
+        parts = template_parts(text)
+        if len(parts) > MAX_TEMPLATE_PARTS:
+            logger.warning(
+                "WhatsApp reply of %d characters refused: it would take %d templates",
+                len(text),
+                len(parts),
             )
-        await self._take_turn(chat_id)
-        try:
-            sent = await wa.send_template(
-                to=chat_id,
-                name=template.name,
-                language=template.language,
-                params=template.params(text),
-                reply_to_message_id=reply_to,
-            )
-        except WhatsAppError as exc:
-            raise api_error(exc, 0, 1) from exc
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, 0, 1) from exc
-        self._sent_ids.add(sent.id)
-        return SendResult(message_ids=[sent.id])
+            raise PlatformError(too_long_reason(text, len(parts)), platform=PLATFORM)
+        ids: list[str] = []
+        for index, part in enumerate(parts):
+            if index and self.send_pause > 0:
+                await _pause(self.send_pause)
+            if self._wa is not wa:
+                raise PlatformError(
+                    "WhatsApp adapter stopped while sending",
+                    platform=PLATFORM,
+                    retryable=True,
+                    ambiguous=index > 0,
+                )
+            await self._take_turn(chat_id)
+            try:
+                sent = await wa.send_template(
+                    to=chat_id,
+                    name=template.name,
+                    language=template.language,
+                    params=template.params(part),
+                    reply_to_message_id=reply_to if index == 0 else None,
+                )
+            except WhatsAppError as exc:
+                raise api_error(exc, index, len(parts)) from exc
+            except httpx.HTTPError as exc:
+                raise transport_error(exc, index, len(parts)) from exc
+            ids.append(sent.id)
+            self._sent_ids.add(sent.id)
+        if len(parts) > 1:
+            logger.info("WhatsApp reply sent as %d templates", len(parts))
+        return SendResult(message_ids=ids)
 
     def format_reply(self, text: str, agent_name: str) -> str:
         """WhatsApp shows replies as they are: ``text`` unchanged."""

@@ -104,14 +104,15 @@ async def test_unknown_agent_loads_a_placeholder(
         await store.save(session)
     async with SQLiteSessionStore(path) as store:
         store.set_agent_resolver(lambda name: None)
-        with caplog.at_level(logging.WARNING, logger="bot.core.stores.base"):
+        with caplog.at_level(logging.DEBUG, logger="bot.core.stores.base"):
             loaded = await store.get("s")
     assert loaded is not None
     assert loaded.active_agent.name == "Billing"
     assert loaded.active_agent.tools == ()
     assert loaded.active_agent.instructions == ""
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "Billing" in warnings[0].getMessage()
+    # DEBUG only: the Runner says at INFO where the conversation goes (N11).
+    noted = [r for r in caplog.records if r.name == "bot.core.stores.base"]
+    assert [r.levelno for r in noted] == [logging.DEBUG] and "Billing" in noted[0].getMessage()
     assert "4111" not in caplog.text
 
 

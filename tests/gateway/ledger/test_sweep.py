@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.instances import Owner
 from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.ledger.obligations import MAX_ATTEMPTS, RETENTION, STALE_AFTER
+from bot.gateway.ledger.obligations import MAX_ATTEMPTS, RECOVERED_MARKER, RETENTION, STALE_AFTER
 from tests.fakes.clock import FakeClock
 from tests.gateway.ledger.ledger_support import (
     CONTENT,
@@ -62,31 +62,78 @@ async def test_stale_failed_rows_are_abandoned_by_due_retries(
 # -- sweep -----------------------------------------------------------------------------
 
 
-async def test_sweep_claims_a_dead_processes_rows_with_marker_unless_pending(
-    ledger: DeliveryLedger, old_ledger: DeliveryLedger, store: SQLiteSessionStore
+async def test_sweep_claims_a_dead_processes_rows_marked_only_if_they_may_have_arrived(
+    ledger: DeliveryLedger, old_ledger: DeliveryLedger, store: SQLiteSessionStore, clock: FakeClock
 ) -> None:
     pending = await record(old_ledger, "telegram:42:1")
     attempting = await record(old_ledger, "telegram:42:2")
     failed = await record(old_ledger, "telegram:42:3")
     await old_ledger.mark_attempting(attempting)
     await old_ledger.mark_attempting(failed)
-    await old_ledger.mark_failed(failed, "x", retryable=True, retry_after=0)
+    await old_ledger.mark_failed(failed, "x", retryable=True, retry_after=0)  # certain: not sent
+    unsure = await record(old_ledger, "telegram:42:6")
+    await old_ledger.mark_attempting(unsure)
+    await old_ledger.mark_failed(unsure, "timed out", retryable=True, ambiguous=True)
+    waiting = await record(old_ledger, "telegram:42:7")
+    await old_ledger.mark_attempting(waiting)
+    await old_ledger.mark_waiting(waiting, "waiting: telegram is not connected", wait=0)
     delivered = await record(old_ledger, "telegram:42:4")
     await old_ledger.mark_delivered(delivered, ["9"])
     mine = await record(ledger, "telegram:42:5")
 
-    claimed = {o.obligation_id: o for o in await ledger.sweep_recoverable()}
+    claimed = {o.obligation_id: o for o in await ledger.sweep_recoverable(now=_later(clock))}
 
-    assert set(claimed) == {pending, attempting, failed}
-    assert not claimed[pending].needs_marker
-    assert claimed[attempting].needs_marker and claimed[failed].needs_marker
+    assert set(claimed) == {pending, attempting, failed, unsure, waiting}
+    marked = {oid for oid, o in claimed.items() if o.needs_marker}
+    assert marked == {attempting, unsure}  # a send cut by a death, an ambiguous failure
     assert claimed[pending].attempts == 1 and claimed[attempting].attempts == 2
+    assert claimed[waiting].attempts == 1  # its first real attempt
     assert all(o.state == "attempting" for o in claimed.values())
     for oid in claimed:
         assert await owner_of(store, oid) == (ledger.owner.pid, ledger.owner.instance_id)
         assert (await get(ledger, oid)).state == "attempting"
     assert (await get(ledger, mine)).state == "pending"  # ours, alive
     assert await ledger.sweep_recoverable() == []  # now owned by a live process
+
+
+def _later(clock: FakeClock) -> datetime:
+    """A moment past every retry these tests set (the backoff's first steps)."""
+    return clock() + timedelta(seconds=600)
+
+
+async def test_a_resend_cut_by_a_death_keeps_its_marker_after_a_certain_failure(
+    ledger: DeliveryLedger, old_ledger: DeliveryLedger, store: SQLiteSessionStore, clock: FakeClock
+) -> None:
+    oid = await record(old_ledger)
+    await old_ledger.mark_attempting(oid)  # the process dies mid-send: it may have arrived
+    second = await open_ledger(store, clock, dead_owner("second"))
+    (swept,) = await second.sweep_recoverable()
+    assert swept.needs_marker
+    await second.mark_failed(oid, "refused", retryable=True)  # the resend is refused, surely
+    # The second process dies too: the third still owes the marker of the first send.
+    (again,) = await ledger.sweep_recoverable(now=_later(clock))
+    assert again.needs_marker
+
+
+async def test_a_row_whose_platform_is_not_connected_waits_unsent_and_unmarked(
+    ledger: DeliveryLedger, clock: FakeClock
+) -> None:
+    oid = await record(ledger)
+    assert await ledger.mark_attempting(oid)
+    assert await ledger.mark_waiting(oid, "waiting: telegram is not connected", wait=60)
+    row = await get(ledger, oid)
+    assert (row.state, row.attempts, row.needs_marker) == ("pending", 0, False)
+    assert row.last_error == "waiting: telegram is not connected"
+    assert await ledger.due_retries() == []  # not before the wait is over
+    clock.advance(seconds=60)
+    (due,) = await ledger.due_retries()
+    assert (due.obligation_id, due.state, due.attempts, due.needs_marker) == (
+        oid,
+        "attempting",
+        1,
+        False,
+    )
+    assert not due.outgoing_text.startswith(RECOVERED_MARKER)
 
 
 async def test_sweep_leaves_rows_of_a_live_process_alone(

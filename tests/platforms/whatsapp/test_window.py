@@ -6,7 +6,6 @@ SQLite store on a hand-moved clock and is written by the inbox's tx 1, as in the
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from bot.platforms.whatsapp.templates import (
     WINDOW_CLOSED_REASON,
     WINDOW_SECONDS,
     template_parameter,
+    template_parts,
 )
 from tests.fakes.clock import FakeClock
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
@@ -135,18 +135,17 @@ async def test_inbound_opens_the_window_for_24_hours_by_hashed_id(
 # -- the parameter --------------------------------------------------------------------------
 
 
-def test_parameter_is_folded_and_cut_with_a_log_line_without_text(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    assert template_parameter(TEXT) == "Tu pedido 4411 sale mañana. Te aviso cuando llegue."
-    long_text = "pedido " * 1000
-    with caplog.at_level(logging.INFO):
-        cut = template_parameter(long_text)
+def test_a_parameter_is_folded_and_a_long_one_split_in_numbered_parts_never_cut() -> None:
+    assert template_parts(TEXT) == ["Tu pedido 4411 sale mañana. Te aviso cuando llegue."]
+    long_text = "pedido\n" * 1000 + "https://example.com/" + "x" * 1500
+    parts = template_parts(long_text)
     assert PARAMETER_LIMIT == 974
-    assert PARAMETER_LIMIT - 2 <= len(cut) <= PARAMETER_LIMIT
-    assert cut.endswith("…")
-    assert "cut from 6999 to 974 characters" in caplog.text
-    assert "pedido" not in caplog.text
+    assert all(len(p) <= PARAMETER_LIMIT for p in parts)
+    assert [p.split(" ", 1)[0] for p in parts] == [f"({i}/10)" for i in range(1, 11)]
+    # Nothing lost: the parts, numbers removed, rebuild the folded text (the long
+    # "word" was split where a part ended).
+    bodies = [p.split(" ", 1)[1] for p in parts]
+    assert "".join(bodies).replace(" ", "") == template_parameter(long_text).replace(" ", "")
 
 
 # -- sending --------------------------------------------------------------------------------
