@@ -293,7 +293,9 @@ class LedgerMachine(RuleBasedStateMachine):
             assert swept == []
         for o in swept:
             assert before is not None
-            assert o.needs_marker == (before.state != "pending" or before.maybe_delivered)
+            # The marker only where an earlier attempt may have arrived: a send cut by
+            # the crash, or an ambiguous failure; a certain failure reached nobody.
+            assert o.needs_marker == (before.state == "attempting" or before.maybe_delivered)
         self.claims += len(swept)
         self._after("sweep")
 
