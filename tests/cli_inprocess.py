@@ -8,8 +8,9 @@ environment, working directory and standard streams the subprocess would have ha
 and restores all of them (and the logging set-up ``main`` changes) afterwards.
 Commands that load agents, start the bot or rely on being another process (``send``
 tells a running bot by a lock held by another process) always run as a subprocess
-(``tests.test_cli._bot``), as does every command in ``tests/test_cli.py``,
-``tests/test_startup_errors.py`` and the end-to-end tests.
+(``tests.test_cli._bot``), as does every command in ``tests/test_cli.py`` and
+``tests/test_startup_errors.py``; end-to-end tests keep at least one real
+``BotProcess.command`` per command family beside ``BotProcess.command_in_process``.
 """
 
 from __future__ import annotations
@@ -22,21 +23,25 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tests.test_cli import _bot, _env
 
-__all__ = ["IN_PROCESS", "cli"]
+__all__ = ["IN_PROCESS", "Result", "cli", "in_process", "run_main"]
 
 IN_PROCESS = frozenset({"usage", "pairing", "ledger", "sessions list"})
 """Commands (or command and action) that run in the test process."""
+
+Result = tuple[int, str, str]
+"""Exit code, stdout and stderr."""
 
 _LOCK = threading.Lock()
 """One in-process command at a time: the environment and working directory are global."""
 
 
-def _in_process(args: tuple[str, ...]) -> bool:
+def in_process(args: Sequence[str]) -> bool:
+    """Whether ``python -m bot ARGS`` is one of the ``IN_PROCESS`` commands."""
     if not args or args[0].startswith("-") or "--help" in args:
         return False
     return args[0] in IN_PROCESS or " ".join(args[:2]) in IN_PROCESS
@@ -76,7 +81,7 @@ def _environment(cwd: Path, env: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved_env)
 
 
-def _main(argv: list[str], stdin: str) -> tuple[int, str, str]:
+def _main(argv: list[str], stdin: str) -> Result:
     """``bot.cli.main(argv)`` with its own standard streams; what the process would exit
     with (an uncaught exception: 1 and its traceback on stderr, as Python does)."""
     from bot.cli import main
@@ -96,13 +101,11 @@ def _main(argv: list[str], stdin: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def cli(
-    tmp_path: Path, *args: str, stdin: str = "", **env: str
-) -> subprocess.CompletedProcess[str]:
-    """Like ``tests.test_cli._bot``: in the test process for ``IN_PROCESS`` commands."""
-    if not _in_process(args):
-        return _bot(tmp_path, *args, stdin=stdin, **env)
-    result: list[tuple[int, str, str]] = []
+def run_main(args: Sequence[str], *, cwd: Path, env: dict[str, str], stdin: str = "") -> Result:
+    """``python -m bot ARGS`` in this process with exactly ``env`` as its environment and
+    ``cwd`` as its working directory: the exit code, stdout and stderr. Blocks; from a
+    running event loop call it with ``asyncio.to_thread``."""
+    result: list[Result] = []
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -111,7 +114,7 @@ def cli(
         except BaseException as exc:  # handed to the caller's thread
             failure.append(exc)
 
-    with _LOCK, _logging_kept(), _environment(tmp_path, _env(tmp_path, **env)):
+    with _LOCK, _logging_kept(), _environment(cwd, env):
         # A thread of its own: ``main`` runs ``asyncio.run``, and async tests call this
         # from inside their event loop (blocking it, as ``subprocess.run`` does).
         thread = threading.Thread(target=run, name=f"chatflow {' '.join(args)}")
@@ -121,5 +124,14 @@ def cli(
             raise AssertionError(f"python -m bot {' '.join(args)} did not end within 60 s")
     if failure:
         raise failure[0]
-    code, out, err = result[0]
+    return result[0]
+
+
+def cli(
+    tmp_path: Path, *args: str, stdin: str = "", **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Like ``tests.test_cli._bot``: in the test process for ``IN_PROCESS`` commands."""
+    if not in_process(args):
+        return _bot(tmp_path, *args, stdin=stdin, **env)
+    code, out, err = run_main(args, cwd=tmp_path, env=_env(tmp_path, **env), stdin=stdin)
     return subprocess.CompletedProcess(["python", "-m", "bot", *args], code, out, err)
