@@ -28,10 +28,15 @@ from pathlib import Path
 
 from tests.test_cli import _bot, _env
 
-__all__ = ["IN_PROCESS", "Result", "cli", "in_process", "run_main"]
+__all__ = ["IN_PROCESS", "LOADS_AGENTS", "Result", "cli", "in_process", "run_main"]
 
-IN_PROCESS = frozenset({"usage", "pairing", "ledger", "sessions list"})
+IN_PROCESS = frozenset({"usage", "pairing", "ledger", "sessions list", "sessions show"})
 """Commands (or command and action) that run in the test process."""
+
+LOADS_AGENTS = frozenset({"sessions show"})
+"""Of those, the ones that load the agents: in-process only with the shipped examples (no
+``AGENTS_MODULE``, no ``agents/`` folder in the working directory), a module this
+process has imported already; an operator's agents get a process of their own."""
 
 Result = tuple[int, str, str]
 """Exit code, stdout and stderr."""
@@ -131,7 +136,8 @@ def cli(
     tmp_path: Path, *args: str, stdin: str = "", **env: str
 ) -> subprocess.CompletedProcess[str]:
     """Like ``tests.test_cli._bot``: in the test process for ``IN_PROCESS`` commands."""
-    if not in_process(args):
+    own_agents = "AGENTS_MODULE" in env or (tmp_path / "agents").exists()
+    if not in_process(args) or (own_agents and " ".join(args[:2]) in LOADS_AGENTS):
         return _bot(tmp_path, *args, stdin=stdin, **env)
     code, out, err = run_main(args, cwd=tmp_path, env=_env(tmp_path, **env), stdin=stdin)
     return subprocess.CompletedProcess(["python", "-m", "bot", *args], code, out, err)

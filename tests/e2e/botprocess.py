@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
-from tests.cli_inprocess import in_process, run_main
+from tests.cli_inprocess import LOADS_AGENTS, in_process, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = "HTTP server listening on"
@@ -118,7 +118,8 @@ class BotProcess:
         """``command`` for a command that only reads and writes the database (see
         ``tests.cli_inprocess.IN_PROCESS``), run in the test process: no interpreter start.
         Keep a real ``command`` of the same family in the test as well."""
-        assert in_process(args), f"python -m bot {' '.join(args)} needs a process of its own"
+        own = in_process(args) and " ".join(args[:2]) not in LOADS_AGENTS
+        assert own, f"python -m bot {' '.join(args)} needs a process of its own"
         return await asyncio.to_thread(
             run_main, args, cwd=self.data_dir.parent, env={**self.env, **env}
         )
