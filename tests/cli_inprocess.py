@@ -6,8 +6,7 @@ the suite runs hundreds. Where a test's subject is what a command prints and doe
 the database, not the process boundary, this runs the same ``main`` with the same
 environment, working directory and standard streams the subprocess would have had,
 and restores all of them (and the logging set-up ``main`` changes) afterwards.
-Commands that load agents, start the bot or rely on being another process (``send``
-tells a running bot by a lock held by another process) always run as a subprocess
+Commands that load the operator's agents or start the bot always run as a subprocess
 (``tests.test_cli._bot``), as does every command in ``tests/test_cli.py`` and
 ``tests/test_startup_errors.py``; end-to-end tests keep at least one real
 ``BotProcess.command`` per command family beside ``BotProcess.command_in_process``.
@@ -30,8 +29,10 @@ from tests.test_cli import _bot, _env
 
 __all__ = ["IN_PROCESS", "LOADS_AGENTS", "Result", "cli", "in_process", "run_main"]
 
-IN_PROCESS = frozenset({"usage", "pairing", "ledger", "sessions list", "sessions show"})
-"""Commands (or command and action) that run in the test process."""
+IN_PROCESS = frozenset({"usage", "pairing", "ledger", "sessions list", "sessions show", "send"})
+"""Commands (or command and action) that run in the test process. (``send`` asks whether a
+bot runs with an ``flock`` probe on a descriptor of its own, so a lock this process holds
+counts as held elsewhere, as from another process.)"""
 
 LOADS_AGENTS = frozenset({"sessions show"})
 """Of those, the ones that load the agents: in-process only with the shipped examples (no
