@@ -48,7 +48,9 @@ _LOCK = threading.Lock()
 
 def in_process(args: Sequence[str]) -> bool:
     """Whether ``python -m bot ARGS`` is one of the ``IN_PROCESS`` commands."""
-    if not args or args[0].startswith("-") or "--help" in args:
+    if "--help" in args:
+        return True  # argparse prints it and exits before anything is read or started
+    if not args or args[0].startswith("-"):
         return False
     return args[0] in IN_PROCESS or " ".join(args[:2]) in IN_PROCESS
 
