@@ -13,7 +13,7 @@ from bot.core.models.base import ModelResponse
 from bot.core.models.scripted import RecordedCall, ScriptedModel
 from bot.core.runner import Runner
 from bot.core.stores.sqlite import SQLiteSessionStore
-from tests.test_cli import _bot
+from tests.cli_inprocess import cli as _bot
 
 
 def _answer(record: RecordedCall) -> ModelResponse:

@@ -13,7 +13,7 @@ from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import ConfigurationError
 from bot.gateway.access.pairing import Pairing
 from bot.gateway.keys import load_or_create_secret
-from tests.test_cli import _bot
+from tests.cli_inprocess import cli as _bot
 
 
 async def _ask(data: Path, sender: str, *, age: timedelta = timedelta(0)) -> str:

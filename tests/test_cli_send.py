@@ -24,8 +24,8 @@ from bot.gateway.keys import (
 from bot.gateway.ledger import DeliveryLedger, Obligation, compute_obligation_id
 from bot.gateway.takeover import OPERATOR_NAME
 from bot.instance_lock import InstanceLock
+from tests.cli_inprocess import cli as _bot
 from tests.pgtest import pg_dsn
-from tests.test_cli import _bot
 
 __all__ = ["pg_dsn"]
 

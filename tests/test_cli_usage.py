@@ -16,8 +16,9 @@ from bot.core.stores.postgres import PostgresSessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.usage import UsageTotals, record_usage_in
 from bot.errors import ConfigurationError
+from tests.cli_inprocess import cli as _bot
 from tests.pgtest import pg_dsn
-from tests.test_cli import _bot
+from tests.test_cli import _bot as _bot_subprocess
 
 __all__ = ["pg_dsn"]
 
@@ -67,7 +68,7 @@ def _rows(out: str) -> dict[tuple[str, str], list[str]]:
 
 
 def test_usage_of_an_empty_database_says_so(tmp_path: Path) -> None:
-    result = _bot(tmp_path, "usage")
+    result = _bot_subprocess(tmp_path, "usage")  # the other usage tests run it in-process
     assert (result.returncode, result.stdout) == (0, "No token usage recorded.\n"), result.stderr
     since = _bot(tmp_path, "usage", "--since", "2026-01-01")
     assert since.stdout == "No token usage recorded since 2026-01-01.\n"

@@ -30,6 +30,7 @@ and a stale ``build/lib`` can never supply a file the configuration forgot.
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import shutil
@@ -111,6 +112,7 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
     site_packages = tuple(
         dict.fromkeys(Path(sysconfig.get_path(key)).resolve() for key in ("purelib", "platlib"))
     )
+    _compile_probe_dependencies()
     home = root / "home"
     home.mkdir()
     return Install(
@@ -119,6 +121,26 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
         venv_site_packages=site_packages,
         home=home,
     )
+
+
+_PROBE_DEPENDENCIES = ("agents", "griffe")
+"""Top-level packages the probe imports from the dev venv that nothing else in the suite
+imports (so, with the venv installed ``--no-compile``, nothing wrote their bytecode)."""
+
+
+def _compile_probe_dependencies() -> None:
+    """Byte-compile the probe's venv-only dependencies once, as a compiled install would.
+
+    The subprocesses run with ``PYTHONDONTWRITEBYTECODE``, so without this every run of
+    the probe compiles openai-agents from source again (seconds of CPU). Up-to-date files
+    are skipped; the code imported is the same.
+    """
+    providers = metadata.packages_distributions()
+    for top in _PROBE_DEPENDENCIES:
+        for name in providers.get(top, []):
+            folder = Path(str(metadata.distribution(name).locate_file(top)))
+            if (folder / "__init__.py").is_file():
+                compileall.compile_dir(folder, quiet=1, workers=1)
 
 
 def _environment(install: Install, data_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -80,7 +81,9 @@ def doc_examples() -> list[tuple[str, str]]:
 
 def test_the_documented_tests_pass(tmp_path: Path) -> None:
     # Run as an operator would: their own directory (no agents/ folder, so the
-    # shipped examples load), plain pytest with pytest-asyncio, no repo config.
+    # shipped examples load), plain pytest with pytest-asyncio, no repo config. Only
+    # that plugin: the dev environment's others (hypothesis, xdist, playwright, ...)
+    # are not the operator's, and loading them cost more than the tests themselves.
     files = []
     for name, code in doc_examples():
         path = tmp_path / name
@@ -90,11 +93,13 @@ def test_the_documented_tests_pass(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"),
+            *("-p", "pytest_asyncio.plugin"),
             *("-o", "asyncio_default_fixture_loop_scope=function", *files),
         ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         timeout=120,
         check=False,
     )

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
+from tests.cli_inprocess import LOADS_AGENTS, in_process, run_main
+
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = "HTTP server listening on"
 
@@ -111,6 +113,16 @@ class BotProcess:
                 await proc.wait()
         assert proc.returncode is not None
         return proc.returncode, out.decode(), err.decode()
+
+    async def command_in_process(self, *args: str, **env: str) -> tuple[int, str, str]:
+        """``command`` for a command that only reads and writes the database (see
+        ``tests.cli_inprocess.IN_PROCESS``), run in the test process: no interpreter start.
+        Keep a real ``command`` of the same family in the test as well."""
+        own = in_process(args) and " ".join(args[:2]) not in LOADS_AGENTS
+        assert own, f"python -m bot {' '.join(args)} needs a process of its own"
+        return await asyncio.to_thread(
+            run_main, args, cwd=self.data_dir.parent, env={**self.env, **env}
+        )
 
     async def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""

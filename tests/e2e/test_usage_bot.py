@@ -118,7 +118,8 @@ async def test_usage_and_metrics_show_the_cached_tokens_the_provider_reported(
 
     prices = tmp_path / "prices.json"
     prices.write_text('{"gpt-4o-mini": {"input": 0.15, "cached_input": 0.075, "output": 0.6}}')
-    code, out, err = await bot.command("usage", "--days", "1", MODEL_PRICES=str(prices))
+    # The first usage above is the real CLI; this one runs in the test process.
+    code, out, err = await bot.command_in_process("usage", "--days", "1", MODEL_PRICES=str(prices))
     assert code == 0, err
     # 3 x ((1500 - 1024) x 0.15 + 1024 x 0.075 + 20 x 0.6) per million = $0.000481
     assert out.splitlines()[-1].endswith("$0.0005")
