@@ -184,10 +184,10 @@ async def test_pairing_flow_through_the_cli_while_the_bot_runs(
 
     # The approval is the real CLI in a process of its own; the other commands, whose
     # subject is what they print, run in the test process (no interpreter start each).
-    assert (await bot.command_in_process("pairing", "approve", "NOPE2345"))[0] == 1
+    assert (await bot.command_in_process("pairing", "approve", "NOPE2345"))[0] == 2
     status, out, _ = await bot.command("pairing", "approve", code)
     assert status == 0 and "approved whatsapp:user_" in out
-    assert (await bot.command_in_process("pairing", "approve", code))[0] == 1  # used up
+    assert (await bot.command_in_process("pairing", "approve", code))[0] == 2  # used up
     status, out, _ = await bot.command_in_process("pairing", "list")
     assert status == 0 and "approved  whatsapp:user_" in out and STRANGER not in out
 
