@@ -114,7 +114,7 @@ async def _chat(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
-    from bot.gateway.scheduled_jobs import cancel_jobs
+    from bot.gateway.proactive.jobs import cancel_jobs
 
     store = open_store(settings)
     try:
@@ -276,7 +276,7 @@ async def _pairing(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _send(settings: Settings, args: argparse.Namespace) -> int:
     from bot.gateway.instances import InstanceRegistry
-    from bot.gateway.operator_send import TargetError, parse_target, queue_message
+    from bot.gateway.proactive.operator_send import TargetError, parse_target, queue_message
     from bot.instance_lock import InstanceLock
 
     def refuse(reason: str) -> int:
@@ -329,8 +329,8 @@ async def _send(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _schedule(settings: Settings, args: argparse.Namespace) -> int:
-    from bot.gateway.operator_send import TargetError, parse_target
-    from bot.gateway.scheduled_jobs import cancel_job, scheduled_jobs
+    from bot.gateway.proactive.jobs import cancel_job, scheduled_jobs
+    from bot.gateway.proactive.operator_send import TargetError, parse_target
 
     target = None
     if args.action == "list" and args.chat is not None:
@@ -380,7 +380,7 @@ async def _forget_user(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
-    from bot.gateway.approvals import approval_rows, find_approval, operator_decide
+    from bot.gateway.approvals.flow import approval_rows, find_approval, operator_decide
 
     store = open_store(settings)
     try:

@@ -10,7 +10,7 @@ from bot import Agent, tool
 from bot.agents_loader import LoadedAgents
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.doctor import _check_approvals
-from bot.gateway.approvals import OPERATOR_OWNER, TABLE, ensure_approvals_schema_in
+from bot.gateway.approvals.flow import OPERATOR_OWNER, TABLE, ensure_approvals_schema_in
 from tests.test_cli import _bot
 
 PHONE = "15551234567"

@@ -11,7 +11,7 @@ from bot.core.stores.postgres import PostgresSessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation
-from bot.gateway.scheduler import Scheduler
+from bot.gateway.proactive.scheduler import Scheduler
 from bot.metrics import Metrics
 from tests.pgtest import pg_dsn
 from tests.test_cli import _bot

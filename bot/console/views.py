@@ -32,10 +32,10 @@ from bot.core.parts import describe_size
 from bot.core.prices import Prices
 from bot.core.stores.base import TransactionalStore
 from bot.errors import ChatflowError
-from bot.gateway.approvals import approval_rows
+from bot.gateway.approvals.flow import approval_rows
 from bot.gateway.contract import MessageEvent
 from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.scheduled_jobs import cancel_job, scheduled_jobs
+from bot.gateway.proactive.jobs import cancel_job, scheduled_jobs
 from bot.gateway.takeover import ConversationNotFoundError, OperatorDesk, Takeovers
 from bot.metrics import Metrics
 from bot.usage_report import format_session_totals, session_usage

@@ -10,7 +10,7 @@ a crash after its commit loses nothing, and a model cannot aim a job at another
 chat: no argument names one. ``list`` and ``cancel`` see only the current
 conversation's jobs.
 
-The jobs are fired by the gateway's scheduler (``bot.gateway.scheduler``), which
+The jobs are fired by the gateway's scheduler (``bot.gateway.proactive.scheduler``), which
 also hands the tools its ``SchedulingPolicy`` (``ToolContext.services``). Without
 one (``Runner`` alone, where nothing would write or fire a job) the tools answer
 the model that scheduling is not available.

@@ -38,7 +38,8 @@ from bot.gateway.access.control import AccessControl, budget_notice
 from bot.gateway.access.gate import Gate
 from bot.gateway.accounting import TokenAccounting
 from bot.gateway.aliases import ChatAliases
-from bot.gateway.approvals import APPROVAL_REF_PREFIX, ApprovalRow, Approvals
+from bot.gateway.approvals.flow import APPROVAL_REF_PREFIX, ApprovalRow, Approvals
+from bot.gateway.approvals.taps import Taps
 from bot.gateway.contract import PlatformAdapter
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
 from bot.gateway.events import MessageEvent, encodable
@@ -49,12 +50,11 @@ from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.media_fetch import build_media_fetcher
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
+from bot.gateway.proactive.scheduler import Scheduler
+from bot.gateway.proactive.windows import ContactWindows
 from bot.gateway.replies import Replies
-from bot.gateway.scheduler import Scheduler
-from bot.gateway.taps import Taps
 from bot.gateway.turns import Turns
 from bot.gateway.voice_replies import build_voice_replies
-from bot.gateway.windows import ContactWindows
 from bot.metrics import Metrics
 
 __all__ = ["Gateway", "Replies"]

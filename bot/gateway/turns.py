@@ -33,7 +33,8 @@ from bot.core.stores.base import TransactionalStore
 from bot.core.usage import CallUsage
 from bot.errors import ChatflowError
 from bot.gateway.accounting import TokenAccounting
-from bot.gateway.approvals import Approvals
+from bot.gateway.approvals.flow import Approvals
+from bot.gateway.approvals.taps import tap_text
 from bot.gateway.contract import MessageEvent, PlatformAdapter
 from bot.gateway.dispatcher import release_slot
 from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
@@ -43,12 +44,11 @@ from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.media_fetch import MediaFetcher, PreparedMedia
 from bot.gateway.memory_scope import scope_for
 from bot.gateway.outbox import Outbox
+from bot.gateway.proactive.jobs import cancel_jobs
 from bot.gateway.replies import Replies
 from bot.gateway.reply_context import reply_context, with_reply_context
-from bot.gateway.scheduled_jobs import cancel_jobs
 from bot.gateway.streaming import open_drafts, stop_drafts
 from bot.gateway.takeover import TakenOverError, Takeovers
-from bot.gateway.taps import tap_text
 from bot.gateway.voice_replies import VoiceReplies
 from bot.metrics import Metrics
 
@@ -496,7 +496,7 @@ class Turns:
         if not await self.ledger.record_in(tx, obligation, claimed=claimed):
             return None
         if keyboard:
-            # The keyboard belongs to the person the turn answered (see bot.gateway.taps).
+            # The keyboard belongs to the person the turn answered (see bot.gateway.approvals.taps).
             owner = None if self.keyboard_owner is None else await self.keyboard_owner(tx, entry)
             await set_owner_in(tx, obligation.obligation_id, owner, anyone=anyone_may_tap)
         return obligation.claimed() if claimed else obligation

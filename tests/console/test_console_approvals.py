@@ -9,7 +9,7 @@ import pytest
 
 from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.base import TransactionalStore
-from bot.gateway.approvals import TABLE, ensure_approvals_schema_in
+from bot.gateway.approvals.flow import TABLE, ensure_approvals_schema_in
 from tests.console.conftest import ConsoleRig
 from tests.console.test_console_routes import PHONE, talk
 

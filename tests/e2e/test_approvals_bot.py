@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from bot.core.approvals import DECLINED_RESULT, EXPIRED_RESULT
-from bot.gateway.approvals import NOT_YOURS, TABLE
-from bot.gateway.taps import EXPIRED_NOTICE
+from bot.gateway.approvals.flow import NOT_YOURS, TABLE
+from bot.gateway.approvals.taps import EXPIRED_NOTICE
 from tests.e2e.botprocess import BotProcess
 from tests.e2e.telegram_bot_fixtures import telegram
 from tests.e2e.test_media_bots import telegram_update

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bot.gateway.taps import EXPIRED_NOTICE, NOT_YOURS
+from bot.gateway.approvals.taps import EXPIRED_NOTICE, NOT_YOURS
 from tests.e2e.botprocess import BotProcess
 from tests.e2e.test_media_bots import telegram_update
 from tests.fakes.button_agents import FLAVOURS

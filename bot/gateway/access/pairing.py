@@ -255,7 +255,7 @@ class Pairing:
         The revoked senders' scheduled jobs are cancelled in the same transaction: a
         person the operator removed gets no more reminders and costs no more turns.
         """
-        from bot.gateway.scheduled_jobs import cancel_jobs_in  # only the operator's command
+        from bot.gateway.proactive.jobs import cancel_jobs_in  # only the operator's command
 
         platform, sep, user = target.partition(":")
         statements: list[tuple[str, tuple[str, ...]]]

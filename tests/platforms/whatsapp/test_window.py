@@ -19,7 +19,7 @@ from bot.gateway.inbox import Inbox
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation
 from bot.gateway.outbox import Outbox
-from bot.gateway.windows import TABLE, ContactWindows, window_open
+from bot.gateway.proactive.windows import TABLE, ContactWindows, window_open
 from bot.metrics import Metrics
 from bot.platforms.whatsapp.adapter import WhatsAppAdapter
 from bot.platforms.whatsapp.templates import (

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from bot.core.scheduling import TABLE, ensure_jobs_schema_in
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
-from bot.gateway.operator_send import SendTarget
+from bot.gateway.proactive.operator_send import SendTarget
 
 __all__ = [
     "CancelOutcome",

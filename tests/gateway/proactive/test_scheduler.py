@@ -26,7 +26,7 @@ from bot.gateway.gateway import Gateway
 from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation
-from bot.gateway.scheduler import Scheduler
+from bot.gateway.proactive.scheduler import Scheduler
 from bot.metrics import Metrics
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.fakes.clock import FakeClock
@@ -211,7 +211,7 @@ async def test_a_job_too_late_is_dropped_and_counted(
     clock.advance(seconds=3600 + 61)
     fired: list[Obligation] = []
     scheduler = scheduler_on(store, fired)
-    with caplog.at_level("INFO", logger="bot.gateway.scheduler"):
+    with caplog.at_level("INFO", logger="bot.gateway.proactive.scheduler"):
         assert await scheduler.fire_due() == 0
     assert fired == []
     assert [row[4] for row in await jobs(store)] == ["dropped"]

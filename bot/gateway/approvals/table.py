@@ -3,7 +3,7 @@
 A decision is one transaction: an UPDATE guarded by ``state = 'pending'`` and the
 journaling of the continuation turn in the inbox (id ``approval:<id>``), so of
 several deciders exactly one changes the row, and a crash after the commit leaves
-the turn to the inbox's recovery. ``bot.gateway.approvals`` is the service around it.
+the turn to the inbox's recovery. ``bot.gateway.approvals.flow`` is the service around it.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from bot.core.models.scripted import RecordedCall, ScriptedModel
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import ModelError, StorageError
 from bot.gateway import turns
-from bot.gateway.approvals import (
+from bot.gateway.approvals.flow import (
     DETAILS_SENT,
     NOT_YOURS,
     OPERATOR_OWNER,

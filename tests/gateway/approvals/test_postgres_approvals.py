@@ -18,12 +18,12 @@ from bot.core.messages import Role
 from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.postgres import PostgresSessionStore
 from bot.errors import ModelError
-from bot.gateway.approvals import approval_rows
+from bot.gateway.approvals.flow import approval_rows
 from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry, Owner
 from tests.fakes.adapter import make_event
 from tests.fakes.button_adapter import ButtonAdapter
-from tests.gateway.test_approvals import refund, refunds
+from tests.gateway.approvals.test_approvals import refund, refunds
 from tests.pgtest import pg_dsn
 
 __all__ = ["pg_dsn"]

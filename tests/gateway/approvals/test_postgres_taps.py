@@ -15,10 +15,10 @@ from bot import Agent, Runner, ToolOutput, tool
 from bot.config import Settings
 from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.postgres import PostgresSessionStore
+from bot.gateway.approvals.taps import EXPIRED_NOTICE
 from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry, Owner
 from bot.gateway.ledger.keyboards import TABLE as BUTTONS_TABLE
-from bot.gateway.taps import EXPIRED_NOTICE
 from tests.fakes.adapter import make_event
 from tests.fakes.button_adapter import ButtonAdapter
 from tests.gateway.test_reply_context import check_sent_ids_by_chat

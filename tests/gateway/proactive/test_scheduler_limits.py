@@ -39,8 +39,8 @@ from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import Obligation
 from bot.gateway.pacing import AccountPacer
-from bot.gateway.scheduled_jobs import cancel_jobs
-from bot.gateway.scheduler import Scheduler
+from bot.gateway.proactive.jobs import cancel_jobs
+from bot.gateway.proactive.scheduler import Scheduler
 from bot.metrics import Metrics
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.fakes.clock import FakeClock
@@ -110,7 +110,7 @@ async def test_a_job_whose_next_time_cannot_be_computed_is_set_aside_and_the_res
     clock.advance(seconds=180)
     fired: list[Obligation] = []
     scheduler = scheduler_on(store, fired)
-    with caplog.at_level(logging.INFO, logger="bot.gateway.scheduler"):
+    with caplog.at_level(logging.INFO, logger="bot.gateway.proactive.scheduler"):
         assert await scheduler.fire_due() == 3
     assert sorted(o.content for o in fired) == [
         "A: after the poison",

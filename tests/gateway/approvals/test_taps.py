@@ -19,14 +19,8 @@ from bot.config import Settings
 from bot.core.messages import Role
 from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.sqlite import SQLiteSessionStore
-from bot.gateway.approvals import approval_rows
-from bot.gateway.contract import MessageEvent, OutgoingButton
-from bot.gateway.events import event_from_dict, event_to_dict
-from bot.gateway.gateway import Gateway
-from bot.gateway.keys import hash_sender_id
-from bot.gateway.ledger.keyboards import TABLE as BUTTONS_TABLE
-from bot.gateway.ledger.obligations import TABLE
-from bot.gateway.taps import (
+from bot.gateway.approvals.flow import approval_rows
+from bot.gateway.approvals.taps import (
     EXPIRED_NOTICE,
     FAILED_NOTICE,
     NOT_YOURS,
@@ -34,6 +28,12 @@ from bot.gateway.taps import (
     TapOutcome,
     tap_text,
 )
+from bot.gateway.contract import MessageEvent, OutgoingButton
+from bot.gateway.events import event_from_dict, event_to_dict
+from bot.gateway.gateway import Gateway
+from bot.gateway.keys import hash_sender_id
+from bot.gateway.ledger.keyboards import TABLE as BUTTONS_TABLE
+from bot.gateway.ledger.obligations import TABLE
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.fakes.button_adapter import ButtonAdapter
 from tests.fakes.clock import FakeClock

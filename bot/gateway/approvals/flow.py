@@ -23,7 +23,7 @@ The path (see docs/ARCHITECTURE.md, "Approvals"):
    Finding ``done`` with a result (a process died after that commit) asks the
    model again with the kept result.
 
-The table and the decision rule are in ``bot.gateway.approval_table`` (re-exported
+The table and the decision rule are in ``bot.gateway.approvals.table`` (re-exported
 here). Rows hold the raw chat id (the continuation's reply needs it, like the
 ledger's) but only the keyed hash of the requesting sender.
 """
@@ -43,7 +43,7 @@ from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.core.waiting import wait_any
 from bot.errors import ApprovalError
-from bot.gateway.approval_table import (
+from bot.gateway.approvals.table import (
     APPROVAL_REF_PREFIX,
     MARKERS,
     OPERATOR_OWNER,
@@ -57,11 +57,11 @@ from bot.gateway.approval_table import (
     operator_decide,
     read_approval_in,
 )
+from bot.gateway.approvals.taps import FAILED_NOTICE, NOT_YOURS, TapInfo, TapOutcome
 from bot.gateway.contract import MessageEvent
 from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.keys import hash_sender_id
 from bot.gateway.ledger.keyboards import find_button_in
-from bot.gateway.taps import FAILED_NOTICE, NOT_YOURS, TapInfo, TapOutcome
 from bot.metrics import Metrics
 
 __all__ = [
