@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot import Agent, memory_tools, search_knowledge
+from bot import Agent, forget, recall, remember, search_knowledge
 
 __all__ = ["TRIAGE_INSTRUCTIONS", "triage"]
 
@@ -39,6 +39,6 @@ triage = Agent(
     # The shop's policies in agents/knowledge/ (`make run` adds them to the database);
     # remember / recall / forget: facts kept across conversations, per person
     # (``bot.core.long_memory``); the ones visible here are shown after these instructions.
-    tools=[search_knowledge, *memory_tools],
+    tools=[search_knowledge, remember, recall, forget],
 )
 """The starting agent; its handoffs are set in ``agents/__init__.py``."""

@@ -10,7 +10,7 @@ from bot.core.attachments import Attachment, ToolOutput
 from bot.core.buttons import Button
 from bot.core.compaction import Compaction
 from bot.core.human_handoff import transfer_to_human
-from bot.core.long_memory import forget, memory_tools, recall, remember
+from bot.core.long_memory import forget, recall, remember
 from bot.core.mcp.servers import MCPServer, MCPServerStdio, MCPServerStreamableHttp
 from bot.core.mcp.tools import ToolFilterStatic, create_static_tool_filter
 from bot.core.messages import (
@@ -112,7 +112,6 @@ __all__ = [
     "create_static_tool_filter",
     "forget",
     "list_scheduled_messages",
-    "memory_tools",
     "recall",
     "remember",
     "schedule_message",

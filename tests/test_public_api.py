@@ -75,7 +75,6 @@ LIBRARY_NAMES = {
     "remember",
     "recall",
     "forget",
-    "memory_tools",
     # Buttons: choices a tool offers under the reply (issue #29), and a refused tap.
     "Button",
     "TapRefusedError",
@@ -150,3 +149,17 @@ def test_agents_readme_library_example_runs_offline(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("[Order Tracking]")
     assert "DHL Express" in result.stdout
+
+
+def test_no_public_name_is_also_a_submodule_of_bot() -> None:
+    """Importing a submodule sets it as an attribute of its package, so a public name
+    shared with ``bot/<name>.py`` would turn into that module once anything imported
+    it (``from bot import memory_tools`` gave the module, and ``*memory_tools`` failed
+    in the agents, depending on what the process had imported before)."""
+    import bot
+
+    package = Path(bot.__file__).parent
+    submodules = {p.stem for p in package.glob("*.py")} | {
+        p.name for p in package.iterdir() if (p / "__init__.py").exists()
+    }
+    assert sorted(set(bot.__all__) & submodules) == []

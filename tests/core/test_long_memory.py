@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot import Agent, Compaction, Runner, RunResult, forget, memory_tools, recall, remember
+from bot import Agent, Compaction, Runner, RunResult, forget, recall, remember
+from bot.memory_tools import memory_tools
 from bot.core.long_memory import (
     POLICY,
     ForgetRequest,
