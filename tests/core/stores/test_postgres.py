@@ -16,7 +16,6 @@ from bot.core.agent import Agent
 from bot.core.messages import Message, Role
 from bot.core.session import SessionContext
 from bot.core.sql import Transaction
-from bot.core.stores import postgres as postgres_store
 from bot.core.stores.pgconnect import ConnectionOptions
 from bot.core.stores.postgres import SCHEMA_VERSION, PostgresSessionStore
 from bot.errors import SchemaVersionError, StorageError
