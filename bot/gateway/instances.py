@@ -280,6 +280,9 @@ class InstanceRegistry:
         self._healthy_since: float | None = None
         self._renewed = asyncio.Event()
         self.grace_seconds = self._lease
+        self._last_renewed_at: float | None = None  # the database's stamp of our last renewal
+        self.lost_commits = 0
+        """Times the database was found to have lost an acknowledged renewal."""
         """Renewals must have worked this long before this process takes others' work."""
 
     @property
@@ -336,14 +339,17 @@ class InstanceRegistry:
                         (owner.instance_id, owner.pid),
                     )
                     logger.info("instance %s of this host is gone; its work is free", instance_id)
-            await tx.execute(
+            stamp = await tx.fetchone(
                 f"INSERT INTO {_TABLE} (instance_id, pid, host, host_key, started_ticks, "
                 f"started_at, renewed_at, lease_expires_at) "
                 f"VALUES (?, ?, ?, ?, ?, {_NOW}, {_NOW}, {_NOW} + ?) "
                 "ON CONFLICT (instance_id) DO UPDATE SET "
-                "renewed_at = excluded.renewed_at, lease_expires_at = excluded.lease_expires_at",
+                "renewed_at = excluded.renewed_at, lease_expires_at = excluded.lease_expires_at "
+                "RETURNING renewed_at",
                 (me.instance_id, me.pid, self._host, host_key, me.started, self._lease),
             )
+        if stamp is not None:
+            self._last_renewed_at = float(stamp[0])
         self._registered = True
         self._note_renewed(began)
         logger.info(
@@ -358,15 +364,21 @@ class InstanceRegistry:
         me = self._owner
         began = _monotonic()
         async with self._store.transaction() as tx:
-            valid = await _lease_valid_in(tx, me.instance_id)
-            changed = await tx.execute(
+            before = await tx.fetchone(
+                f"SELECT renewed_at, lease_expires_at > {_NOW} FROM {_TABLE} WHERE instance_id = ?",
+                (me.instance_id,),
+            )
+            valid = before is not None and bool(before[1])
+            after = await tx.fetchone(
                 f"UPDATE {_TABLE} SET renewed_at = {_NOW}, lease_expires_at = {_NOW} + ? "
-                "WHERE instance_id = ?",
+                "WHERE instance_id = ? RETURNING renewed_at",
                 (self._lease, me.instance_id),
             )
-        if changed != 1:
+        self._check_history(None if before is None else float(before[0]))
+        if after is None:
             await self.register()
         else:
+            self._last_renewed_at = float(after[0])
             self._note_renewed(began)
         if not valid:
             logger.warning(
@@ -376,6 +388,21 @@ class InstanceRegistry:
                 me.instance_id,
             )
         return valid
+
+    def _check_history(self, stored: float | None) -> None:
+        """Say so when the database forgot a renewal it had acknowledged: a failover to an
+        asynchronous standby lost the last commits (DESIGN: report what cannot be undone)."""
+        last = self._last_renewed_at
+        if last is None or (stored is not None and stored >= last):
+            return
+        self.lost_commits += 1
+        logger.error(
+            "the database lost acknowledged commits: this process's lease renewal of %.1f s "
+            "ago is gone (a failover to a standby that had not received it). Messages "
+            "accepted and replies or scheduled messages recorded in that window may be "
+            "lost or sent again unmarked; use a synchronous standby to rule this out",
+            max(0.0, time.time() - last),
+        )
 
     # -- self-fencing ------------------------------------------------------------------
 

@@ -296,3 +296,20 @@ async def _attempting(store: PostgresSessionStore) -> bool:
 
 async def _dead(registry: InstanceRegistry, owner: Owner) -> bool:
     return not await registry.is_alive(owner)
+
+
+async def test_a_renewal_the_database_forgot_is_reported_as_lost_commits(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with PostgresSessionStore(pg_dsn) as store:
+        registry = InstanceRegistry(store, owner=Owner(os.getpid(), "me"), lease_seconds=60)
+        await registry.register()
+        await registry.renew()
+        assert registry.lost_commits == 0
+        # A failover to a standby that had not received the last renewal: the row is older.
+        async with store.transaction() as tx:
+            await tx.execute("UPDATE chatflow_instances SET renewed_at = renewed_at - 5")
+        await registry.renew()
+        assert registry.lost_commits == 1
+        assert "the database lost acknowledged commits" in caplog.text
+        await registry.stop()

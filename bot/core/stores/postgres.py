@@ -212,7 +212,8 @@ class _PgTransaction(DriverTransaction):
         except (asyncio.CancelledError, *_DB_ERRORS):
             # The connection's state is unknown: drop it rather than hand it back.
             logger.warning("rolling back a session-store transaction failed; dropping it")
-            self._conn.terminate()
+            with contextlib.suppress(asyncpg.InterfaceError):  # cut already (a COMMIT's time)
+                self._conn.terminate()
 
     def _driver_error(self, exc: BaseException) -> str | None:
         return _describe(exc) if isinstance(exc, _DB_ERRORS) else None
