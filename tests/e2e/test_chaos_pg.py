@@ -39,9 +39,9 @@ from tests.e2e.chaos_world import HEADER, LEASE_SECONDS, ChaosWorld, Figures, Ph
 from tests.e2e.pgcluster import PgCluster
 from tests.pgtest import fresh_schema
 
-pytestmark = pytest.mark.e2e
-
 FULL = os.environ.get("CHATFLOW_CHAOS") == "full"
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200 if FULL else 240)]
 SEED = int(os.environ.get("CHATFLOW_CHAOS_SEED", "20261207"))
 SHORT = LEASE_SECONDS / 2
 LONG = LEASE_SECONDS * 3

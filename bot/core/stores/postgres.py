@@ -87,7 +87,13 @@ if TYPE_CHECKING:
     _Conn: TypeAlias = PoolConnectionProxy[asyncpg.Record]
 
 # What can go wrong talking to the server, translated to StorageError where it enters.
-_DB_ERRORS: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_DB_ERRORS: Final = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # a connection left mid-operation by a timed-out statement
+    OSError,
+    TimeoutError,
+)
 
 
 # Server answers that mean "not reachable now" rather than "this statement is wrong":
@@ -114,7 +120,9 @@ def _unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the database is away (so the same work may succeed later)."""
     if isinstance(exc, asyncpg.PostgresError):
         return isinstance(exc, _UNAVAILABLE_SERVER)
-    return isinstance(exc, (OSError, TimeoutError, asyncpg.InterfaceError))
+    return isinstance(
+        exc, (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+    )
 
 
 def _error(what: str, exc: BaseException) -> StorageError:
@@ -204,7 +212,7 @@ class _PgTransaction(DriverTransaction):
         # that died (or a server that went down) after COMMIT was sent says nothing.
         if isinstance(exc, asyncpg.PostgresError):
             return isinstance(exc, _UNAVAILABLE_SERVER)
-        return isinstance(exc, (OSError, TimeoutError, asyncpg.InterfaceError))
+        return _unavailable(exc)
 
     async def _rollback(self) -> None:
         try:
