@@ -480,7 +480,7 @@ class InstanceRegistry:
             await asyncio.sleep(self._renew_every)
             try:
                 # Bounded: a renewal stuck on a silent database is no renewal.
-                async with asyncio.timeout(self._renew_every):
+                async with asyncio.timeout(self._lease / 2):
                     await self.renew()
             except (StorageError, TimeoutError) as exc:
                 self._note_failed()
