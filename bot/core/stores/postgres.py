@@ -18,10 +18,18 @@ Per-session order across processes
     queue locally), then a session-level ``pg_advisory_lock`` keyed by a 64-bit
     hash of (database, schema, session id) on a lock-pool connection, held for
     the whole turn. The server releases it when the holder's connection ends,
-    so a killed process never leaves a session locked (TCP keepalives, set per
-    connection, make it notice a dead host within ~25 s). Should a lock be lost
-    anyway (a network partition), the save's own check refuses a stale context
-    (``StorageError``), so two turns still cannot interleave.
+    so a killed process never leaves a session locked (TCP keepalives and
+    ``tcp_user_timeout``, set per connection, make it notice a dead host within
+    ``DATABASE_TCP_USER_TIMEOUT_SECONDS``; a frozen process's sessions are ended by
+    the process that takes its work over). Should a lock be lost anyway (a network
+    partition), the save's own check refuses a stale context (``StorageError``), so
+    two turns still cannot interleave.
+
+Timeouts
+    Every wait is bounded (``bot.core.stores.pgconnect``): per-host connects,
+    statements, pool acquisition; a COMMIT is never cancelled but cut, and then
+    reported as ``CommitOutcomeUnknownError``. Errors that mean the database is
+    away are ``DatabaseUnavailableError``.
 
 Migrations
     The SQLite store's, from ``bot.core.stores.schema``: versioned in
