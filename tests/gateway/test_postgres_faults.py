@@ -200,7 +200,7 @@ async def test_a_lapsed_lease_holds_a_send_back_and_drops_a_row_taken_over(
         return ScriptedModel.reply("from a")
 
     a = await nodes("a", [slow], pid=os.getppid())
-    b = await nodes("b", [])
+    b = await nodes("b", [], grace=3600)  # b takes nothing over until the test says so
     assert await a.adapter.deliver(make_event("hello"))
     await in_model.wait()
     renew = a.registry.renew
@@ -215,6 +215,7 @@ async def test_a_lapsed_lease_holds_a_send_back_and_drops_a_row_taken_over(
     # it must not send until it renews, and then only a row still its own.
     go_on.set()
     await until(lambda: _attempting(a.store), within=10)
+    b.registry.grace_seconds = 0
     await b.gateway.take_over()
     taken = await b.adapter.wait_for_sent(1, timeout=LEASE * 10)
     assert [s.text for s in taken] == [RECOVERED_MARKER + "from a"]
@@ -260,7 +261,7 @@ async def test_after_an_outage_nothing_is_taken_over_within_the_grace(
         raise AssertionError("unreachable")
 
     a = await nodes("a", [hang], pid=os.getppid())
-    b = await nodes("b", [ScriptedModel.reply("from b")], grace=LEASE * 3)
+    b = await nodes("b", [ScriptedModel.reply("from b")], grace=3600)
     assert await a.adapter.deliver(make_event("hello"))
     await in_model.wait()
     assert a.registry._task is not None
@@ -269,6 +270,7 @@ async def test_after_an_outage_nothing_is_taken_over_within_the_grace(
     # b was cut off too and just renewed again: it waits for the others to renew first.
     b.registry._note_failed()
     await b.registry.renew()
+    b.registry.grace_seconds = LEASE * 3
     assert not b.registry.may_take_over()
     assert await b.gateway.take_over() == 0
     assert await _owner(b.store) == "a-instance"
