@@ -354,6 +354,7 @@ class PostgresSessionStore(SQLSessionStore):
         try:
             conn: _Conn = await pool.acquire(timeout=self._options.acquire_timeout)
         except _DB_ERRORS as exc:
+            self._forget_snapshots()
             raise _error("cannot reach PostgreSQL", exc) from exc
         return conn
 
@@ -442,10 +443,19 @@ class PostgresSessionStore(SQLSessionStore):
             )
             async with self._settle(tx, on_commit):
                 yield tx
+        except DatabaseUnavailableError:
+            self._forget_snapshots()
+            raise
         finally:
             if task is not None:
                 self._tx_tasks.discard(task)
             await self._release(pool, conn)
+
+    def _forget_snapshots(self) -> None:
+        """The database went away: the server that answers next (a promoted standby) may
+        lack commits this cache saw, and a session rebuilt there could match a snapshot's
+        version and length with other content. Every session is read afresh."""
+        self._cache.clear()
 
     async def _release(self, pool: asyncpg.Pool, conn: _Conn) -> None:
         # asyncpg shields the release from cancellation (which goes on to the caller)

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from bot.core.agent import Agent
+from bot.core.messages import Message, Role
 from bot.core.stores.pgconnect import ConnectionOptions, application_name
 from bot.core.stores.postgres import PostgresSessionStore
 from bot.errors import CommitOutcomeUnknownError, DatabaseUnavailableError
@@ -149,3 +151,21 @@ async def _schema(store: PostgresSessionStore) -> str:
         row = await tx.fetchone("SELECT current_schema()")
     assert row is not None
     return str(row[0])
+
+
+async def test_the_session_cache_is_forgotten_when_the_database_goes_away(
+    pg_dsn: str, proxy: FaultProxy
+) -> None:
+    agent = Agent(name="A", instructions="")
+    async with PostgresSessionStore(through(pg_dsn, proxy.port), options=FAST) as store:
+        session = await store.get_or_create("s", agent)
+        session.add_message(Message(role=Role.USER, content="hi"))
+        await store.save(session)
+        assert "s" in store._cache
+        await proxy.cut()
+        with pytest.raises(DatabaseUnavailableError):
+            async with asyncio.timeout(10):
+                await store.ping()
+        # The server that answers next may be a promoted standby without the last commits.
+        assert "s" not in store._cache
+        await proxy.heal()
