@@ -48,7 +48,7 @@ from bot.gateway.ledger.obligations import Obligation
 from bot.gateway.media_fetch import build_media_fetcher
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.replies import Replies
-from bot.gateway.resume import Resumer
+from bot.gateway.resume import Resumer, database_away
 from bot.gateway.scheduler import Scheduler
 from bot.gateway.taps import Taps
 from bot.gateway.turns import Turns
@@ -524,7 +524,9 @@ class Gateway:
         except TapRefusedError:
             raise  # another tap used the keyboard first: refused, not a failure
         except Exception as exc:
-            if not await self._is_poison(event.message_id):
+            # The database away is no fault of the message: never counted as poison (its
+            # fifth failure could land just as the database came back, and drop it).
+            if database_away(exc) or not await self._is_poison(event.message_id):
                 raise
             self.metrics.ignored.labels(platform).inc()
             logger.error(

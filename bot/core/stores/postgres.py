@@ -124,6 +124,13 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _cut(conn: _Conn) -> None:
+    """Close ``conn`` at once; one the pool already let go of (its server end died, or
+    it was cut before) needs nothing more."""
+    with contextlib.suppress(asyncpg.InterfaceError):
+        conn.terminate()
+
+
 def _unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the database is away (so the same work may succeed later)."""
     if isinstance(exc, asyncpg.PostgresError):
@@ -209,7 +216,7 @@ class _PgTransaction(DriverTransaction):
         commit = asyncio.ensure_future(self._conn.execute("COMMIT"))
         done, _ = await asyncio.wait({commit}, timeout=self._commit_timeout)
         if not done:
-            self._conn.terminate()
+            _cut(self._conn)
             with contextlib.suppress(asyncio.CancelledError, *_DB_ERRORS):
                 await commit
             raise TimeoutError("no answer to COMMIT in time; the connection was cut")
@@ -228,8 +235,7 @@ class _PgTransaction(DriverTransaction):
         except (asyncio.CancelledError, *_DB_ERRORS):
             # The connection's state is unknown: drop it rather than hand it back.
             logger.warning("rolling back a session-store transaction failed; dropping it")
-            with contextlib.suppress(asyncpg.InterfaceError):  # cut already (a COMMIT's time)
-                self._conn.terminate()
+            _cut(self._conn)
 
     def _driver_error(self, exc: BaseException) -> str | None:
         return _describe(exc) if isinstance(exc, _DB_ERRORS) else None
@@ -486,7 +492,7 @@ class PostgresSessionStore(SQLSessionStore):
             except BaseException as exc:
                 # Cancelled or failed while waiting: the lock may have been granted
                 # meanwhile, so the connection goes (and the server frees the lock).
-                conn.terminate()
+                _cut(conn)
                 await self._release(lock_pool, conn)
                 if isinstance(exc, _DB_ERRORS):
                     raise _error("cannot lock the session", exc) from exc
@@ -497,7 +503,7 @@ class PostgresSessionStore(SQLSessionStore):
                 try:
                     await asyncio.shield(conn.execute("SELECT pg_advisory_unlock($1)", key))
                 except (asyncio.CancelledError, *_DB_ERRORS):
-                    conn.terminate()
+                    _cut(conn)
                 await self._release(lock_pool, conn)
 
     # -- sessions -------------------------------------------------------------------
