@@ -296,7 +296,8 @@ class ChaosWorld:
                 payload = sender.text(f"{name} chat {number} message {m}", wa_id=wa_id)
                 wamids.append(payload["entry"][0]["changes"][0]["value"]["messages"][0]["id"])
                 await self.post(payload)
-                await asyncio.sleep(self.rng.uniform(0.1, 0.5))  # the user's think time
+                # The user's think time: the conversation goes on through the whole fault.
+                await asyncio.sleep(self.rng.uniform(0.5, 1.5) * (phase.hold + 2) / messages)
 
         job_texts = await self.add_jobs(name, jobs, due_in=1.5)
         traffic = asyncio.gather(*(conversation(n) for n in range(conversations)))
