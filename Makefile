@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-pg check lint typecheck bench proof fmt clean
+.PHONY: run test test-pg check lint typecheck bench proof chaos fmt clean
 
 # --no-compile: bytecode is written by the first import of each module instead of
 # compiling every installed file up front (half of the install's time).
@@ -53,6 +53,15 @@ bench: $(STAMP)
 # writes docs/RELIABILITY.md. `make test` runs a reduced, seeded version of it.
 proof: $(STAMP)
 	CHATFLOW_PROOF=full $(VENV)/bin/pytest tests/e2e -q -k proof -p no:cacheprovider
+
+# The database chaos suite: a PostgreSQL primary and a synchronous standby (Debian's
+# server, started and stopped by the suite; as root it runs them as `postgres`), three
+# bots behind fault proxies, every fault in turn; writes its figures into
+# docs/RELIABILITY.md. `make test` runs the two cheapest faults on the test server.
+chaos: $(STAMP)
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql)
+	CHATFLOW_CHAOS=full $(VENV)/bin/pytest tests/e2e/test_chaos_pg.py -q -s -p no:cacheprovider -n 0
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .

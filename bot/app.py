@@ -43,6 +43,8 @@ POLLING_CONFLICT_MESSAGE = (
     "allows one consumer per token — set TELEGRAM_WEBHOOK_URL"
 )
 """Why ``run`` stops when it would long-poll Telegram beside another live process."""
+HEALTH_DATABASE_TIMEOUT_SECONDS = 1.0
+"""``/healthz`` answers 503 when the database does not answer a read within this."""
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +271,11 @@ class Bot:
     async def _health(self, gateway: Gateway) -> dict[str, object]:
         database = "ok"
         try:
-            await gateway.store.ping()
+            # Within a second: a load balancer's check must not hang on a silent database.
+            async with asyncio.timeout(HEALTH_DATABASE_TIMEOUT_SECONDS):
+                await gateway.store.ping()
+        except TimeoutError:
+            database = "error: no answer within 1 s"
         except ChatflowError as exc:
             database = f"error: {type(exc).__name__}"
         platforms = {name: a.is_connected for name, a in gateway.adapters.items()}

@@ -64,6 +64,19 @@ class Settings(BaseSettings):
     instance_lease_seconds: float = Field(default=15.0, ge=1, le=3600)
     """PostgreSQL: how long a process counts as alive without renewing its lease; the work
     of a process that died is taken over this long after (renewed every third of it)."""
+    database_connect_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    """PostgreSQL: seconds one host may take to accept a connection; the next host of a
+    multi-host ``DATABASE_URL`` is tried after it."""
+    database_statement_timeout_seconds: float = Field(default=30.0, gt=0)
+    """PostgreSQL: seconds one statement may run before it is cancelled (never a COMMIT)."""
+    database_acquire_timeout_seconds: float = Field(default=10.0, gt=0)
+    """PostgreSQL: seconds to wait for a free pooled connection."""
+    database_tcp_user_timeout_seconds: float = Field(default=15.0, gt=0, le=3600)
+    """PostgreSQL: seconds a silent server (or network) may keep data unacknowledged
+    before the connection is dropped; keepalive probes find an idle one as fast."""
+    database_idle_in_transaction_timeout_seconds: float = Field(default=30.0, gt=0)
+    """PostgreSQL: seconds the server lets a transaction sit idle (a frozen process's)
+    before it ends that connection and frees its locks."""
 
     default_model: str | None = None
     """Model for agents that name none; ``offline`` when no API key is set."""

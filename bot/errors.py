@@ -12,7 +12,9 @@ __all__ = [
     "AgentNotFoundError",
     "ApprovalError",
     "ChatflowError",
+    "CommitOutcomeUnknownError",
     "ConfigurationError",
+    "DatabaseUnavailableError",
     "EmptyAnswerError",
     "MCPServerError",
     "MaxToolRoundsError",
@@ -144,6 +146,20 @@ class MediaError(ChatflowError):
 
 class StorageError(ChatflowError):
     """The database failed or holds something we cannot read."""
+
+
+class DatabaseUnavailableError(StorageError):
+    """The database could not be reached (refused, silent, timed out, restarting, read-only
+    after a failover): the same work may succeed once it is back (``retryable``)."""
+
+    retryable = True
+
+
+class CommitOutcomeUnknownError(DatabaseUnavailableError):
+    """The connection died after COMMIT was sent: the transaction may or may not have
+    committed. Read its keys back once connected; never guess (``ambiguous``)."""
+
+    ambiguous = True
 
 
 class SchemaVersionError(StorageError):

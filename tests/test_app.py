@@ -38,3 +38,33 @@ async def test_healthz_takes_no_write_lock(tmp_path: Path) -> None:
     assert report["database"] == "ok"
     assert report["ready"] is False  # not started: recovery has not run
     assert report["ok"] is False
+
+
+async def test_healthz_answers_within_a_second_when_the_database_is_silent(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteSessionStore(str(tmp_path / "chatflow.db"))
+    await store.open()
+    gateway = Gateway(
+        Runner(Agent(name="A", instructions=""), store, model=ScriptedModel()),
+        store,
+        [FakeAdapter()],
+        Settings(data_dir=tmp_path),
+        secret=b"k" * 32,
+    )
+    silent = asyncio.Event()
+
+    async def never_answers() -> None:
+        await silent.wait()  # a server that went silent: no error, no answer
+
+    store.ping = never_answers  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        report = await asyncio.wait_for(Bot(Settings(data_dir=tmp_path))._health(gateway), 5)
+    finally:
+        silent.set()
+        await store.close()
+    assert loop.time() - started < 1.5
+    assert report["ok"] is False  # /healthz answers 503
+    assert str(report["database"]).startswith("error")

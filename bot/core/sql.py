@@ -26,7 +26,7 @@ import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from bot.errors import SchemaVersionError
 
@@ -36,6 +36,7 @@ __all__ = [
     "Dialect",
     "Transaction",
     "advisory_key",
+    "dsn_hosts",
     "ensure_schema",
     "is_postgres_url",
     "lock_migrations_in",
@@ -180,18 +181,46 @@ def is_postgres_url(url: str) -> bool:
     return url.startswith(("postgresql://", "postgres://"))
 
 
+def dsn_hosts(dsn: str) -> list[tuple[str, int | None]]:
+    """The ``(host, port)`` pairs of a PostgreSQL URL, in order (libpq's multi-host form
+    ``postgresql://u@h1:5432,h2:5433/db`` gives two); ``[]`` when the URL names none
+    (a Unix socket, or hosts given only in the query). ``ValueError`` when unparsable."""
+    rest = dsn.split("://", 1)[1] if "://" in dsn else dsn
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    hostspec = netloc.rpartition("@")[2]
+    hosts: list[tuple[str, int | None]] = []
+    for item in hostspec.split(","):
+        if not item:
+            continue
+        if item.startswith("["):  # [::1]:5432
+            host, _, tail = item[1:].partition("]")
+            port_text = tail.removeprefix(":")
+        else:
+            host, _, port_text = item.partition(":")
+        if not host or (port_text and not port_text.isdigit()):
+            raise ValueError("unparsable host in the database URL")
+        hosts.append((host, int(port_text) if port_text else None))
+    return hosts
+
+
 def redact_dsn(dsn: str) -> str:
-    """``dsn`` without its password (and query), fit for logs and banners."""
+    """``dsn`` without its password (and query), fit for logs and banners.
+
+    Multi-host URLs (``h1:5432,h2:5432``, libpq's failover form) keep every host.
+    """
     try:
         parts = urlsplit(dsn)
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
+        hosts = dsn_hosts(dsn)
     except ValueError:
         return "postgresql://(unparsable URL)"
-    user = parts.username or ""
-    auth = f"{user}:***@" if parts.password is not None else (f"{user}@" if user else "")
-    return urlunsplit((parts.scheme, auth + host, parts.path, "", ""))
+    auth_text = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    user, has_password, _ = auth_text.partition(":")
+    auth = f"{user}:***@" if has_password else (f"{user}@" if user else "")
+    shown = ",".join(
+        (f"[{h}]" if ":" in h else h) + ("" if p is None else f":{p}") for h, p in hosts
+    )
+    path = parts.path if "://" in dsn else ""
+    return f"{parts.scheme}://{auth}{shown}{path}"
 
 
 # -- schema versions ------------------------------------------------------------------

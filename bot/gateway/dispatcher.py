@@ -101,6 +101,10 @@ class SessionDispatcher(Generic[T]):
         """Items submitted and not finished."""
         return len(self._keys)
 
+    def holds(self, key: str) -> bool:
+        """Whether an item under ``key`` is queued or running."""
+        return key in self._keys
+
     def submit(self, session_id: str, key: str, item: T) -> bool:
         """Queue ``item`` behind earlier items of ``session_id``; False if ``key`` is known,
         or once ``cancel`` ran (the item stays wherever it came from, e.g. the inbox)."""

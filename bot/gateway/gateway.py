@@ -53,6 +53,7 @@ from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.proactive.scheduler import Scheduler
 from bot.gateway.proactive.windows import ContactWindows
 from bot.gateway.replies import Replies
+from bot.gateway.resume import Resumer, database_away
 from bot.gateway.turns import Turns
 from bot.gateway.voice_replies import build_voice_replies
 from bot.metrics import Metrics
@@ -64,6 +65,8 @@ logger = logging.getLogger(__name__)
 MAX_ACCEPT_FAILURES = 5
 """Times one message may fail tx 1 while the database answers, before it is dropped
 as poison (logged) so the platform stops offering it and the chats behind it move."""
+PING_TIMEOUT_SECONDS = 1.0
+"""How long ``database_answers`` waits for the database."""
 ADAPTER_START_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Seconds between tries to start an adapter whose platform was unreachable."""
 
@@ -205,6 +208,22 @@ class Gateway:
             self._work,
             max_concurrent=settings.max_concurrent_turns,
         )
+        # Work a database failure interrupted in this live process: resumed, not stranded.
+        self.resumer = Resumer(
+            self.inbox,
+            self.ledger,
+            self.outbox,
+            instances,
+            answers=self.database_answers,
+            clock=lambda: store.now().timestamp(),
+            submit_turn=self._submit_turn,
+            queue_sends=self._queue_sends,
+            holds=self._dispatcher.holds,
+            freshness_seconds=settings.auto_continue_freshness_seconds,
+        )
+        self.turns.on_database_away = self.resumer.resume_when_back
+        if instances is not None:
+            self.outbox.fence = self.resumer.may_send
         self._queued_sends = 0
         self._admitting = 0
         self._admitted = asyncio.Event()
@@ -326,6 +345,13 @@ class Gateway:
             else:
                 self._early.append(entry)
 
+    def _submit_turn(self, entry: InboxEntry) -> None:
+        """Queue a turn in its conversation's lane (before recovery ends: with the rest)."""
+        if self._ready:
+            self._dispatcher.submit(entry.session_id, entry.event.message_id, entry)
+        else:
+            self._early.append(entry)
+
     def _queue_sends(self, owed: list[Obligation]) -> None:
         """Queue adopted rows in their conversations' lanes; each is claimed when its turn comes."""
         for obligation in owed:
@@ -438,6 +464,7 @@ class Gateway:
                 logger.warning("%s adapter did not stop cleanly: %r", adapter.name, exc)
         with contextlib.suppress(Exception):
             await self.voice.aclose()
+        await self.resumer.close()
         loops = (self._retry_task, self._takeover_task, self._scheduler_task, self._approvals_task)
         for loop_task in loops:
             if loop_task is not None:
@@ -521,7 +548,9 @@ class Gateway:
         except TapRefusedError:
             raise  # another tap used the keyboard first: refused, not a failure
         except Exception as exc:
-            if not await self._is_poison(event.message_id):
+            # The database away is no fault of the message: never counted as poison (its
+            # fifth failure could land just as the database came back, and drop it).
+            if database_away(exc) or not await self._is_poison(event.message_id):
                 raise
             self.metrics.ignored.labels(platform).inc()
             logger.error(
@@ -592,10 +621,11 @@ class Gateway:
         return True
 
     async def database_answers(self) -> bool:
-        """Whether the store answers a read (no write lock taken)."""
+        """Whether the store answers a read (no write lock taken) within a second."""
         try:
-            await self.store.ping()
-        except (ChatflowError, OSError):
+            async with asyncio.timeout(PING_TIMEOUT_SECONDS):
+                await self.store.ping()
+        except (ChatflowError, OSError, TimeoutError):
             return False
         return True
 
@@ -638,11 +668,21 @@ class Gateway:
 
         Safe at any time and in every process at once: each row is claimed by
         one of them. Returns how many replies and messages this process took.
+        Nothing is taken while this process may not (its lease lapsed, or within the
+        grace after an outage: the others renew theirs first); the expired owners'
+        database sessions are ended first (their locks go with them), and the replies
+        taken go through their conversations' lanes, behind the turns queued there.
         """
+        if self.instances is not None:
+            if not self.instances.may_take_over():
+                return 0
+            try:
+                await self.instances.end_backends_of_expired()
+            except ChatflowError as exc:
+                logger.warning("could not end the sessions of expired processes (%s)", exc)
         connected = {n for n, a in self._adapters.items() if a.is_connected}
-        owed = await self.ledger.sweep_recoverable(deliverable_platforms=connected)
-        for obligation in owed:
-            await self.outbox.send(obligation)
+        owed = await self.ledger.sweep_recoverable(deliverable_platforms=connected, adopt_only=True)
+        self._queue_sends(owed)
         live = await self._live_owners()
         recovered = await self.inbox.recover(
             self.settings.auto_continue_freshness_seconds,
@@ -667,6 +707,8 @@ class Gateway:
                 return
             try:
                 await self.take_over()
+                # This process's own work a database failure left undone.
+                await self.resumer.reconcile(self.instances.lease_seconds)
                 await self.aliases.reload()  # other processes record chat migrations too
                 if loop.time() >= next_prune:
                     next_prune = loop.time() + PRUNE_INTERVAL_SECONDS

@@ -374,6 +374,63 @@ class Inbox:
         logger.debug("%d message(s) whose turn never committed", len(entries))
         return entries
 
+    async def own_quiet(
+        self, before: float, *, skip: Callable[[str], bool], freshness_seconds: float
+    ) -> list[InboxEntry]:
+        """This process's ``received`` rows last touched before ``before`` (Unix time) that
+        ``skip(message_id)`` says nothing here holds, oldest first: turns a failure left
+        undone while this process lives (the database went away mid-turn, or took tx 1
+        and lost its answer), which the recovery of dead owners' rows never takes.
+        Rows older than ``freshness_seconds`` are left to ``recover``'s expiry."""
+        await self._ensure_open()
+        cutoff = to_epoch(self._clock()) - freshness_seconds
+
+        async def body(tx: Transaction) -> list[tuple[Any, ...]]:
+            return await tx.fetchall(
+                f"SELECT message_id, session_key, session_id, event_json, attempts, "
+                f"received_at FROM {_TABLE} WHERE state = 'received' AND owner_instance = ? "
+                "AND updated_at < ? AND received_at >= ? ORDER BY received_at, message_id",
+                (self._owner, before, cutoff),
+            )
+
+        entries: list[InboxEntry] = []
+        for message_id, key, session_id, event_json, attempts, received_at in await self._store.run(
+            body, write=False
+        ):
+            if skip(str(message_id)):
+                continue
+            try:
+                event = event_from_dict(json.loads(event_json))
+            except (ValueError, TypeError, KeyError):
+                continue  # recover() closes unreadable rows
+            entries.append(
+                InboxEntry(
+                    event=event,
+                    session_key=str(key),
+                    session_id=str(session_id),
+                    received_at=from_epoch(received_at),
+                    attempts=int(attempts),
+                )
+            )
+        return entries
+
+    async def state_of(self, message_id: str) -> tuple[InboxState, str | None] | None:
+        """The row's state and owner, read back (an unknown commit's outcome); ``None``
+        when no row has this id."""
+        await self._ensure_open()
+
+        async def body(tx: Transaction) -> tuple[Any, ...] | None:
+            return await tx.fetchone(
+                f"SELECT state, owner_instance FROM {_TABLE} WHERE message_id = ?",
+                (message_id,),
+            )
+
+        row = await self._store.run(body, write=False)
+        if row is None:
+            return None
+        state: InboxState = row[0]
+        return state, None if row[1] is None else str(row[1])
+
     async def adopt(self, from_owner: str, prefix: str) -> list[InboxEntry]:
         """Take the ``received`` rows ``from_owner`` journaled (an operator command, which
         runs no turn) whose id starts with ``prefix``: each becomes this inbox's row by a

@@ -15,7 +15,16 @@ A process that stalls past its lease (or loses the database for that long)
 renews it when it can and carries on: whatever another process took over in
 between is fenced (its inbox rows and obligations changed owner, and the
 guarded updates of the stalled process no longer match them), so the work is
-not done twice.
+not done twice. Meanwhile it fences itself: ``holds_lease`` is false from the
+moment its lease may have expired (its own clock, counted from the start of
+the last renewal that committed), and the gateway neither sends nor claims
+until a renewal succeeds. After an outage, ``may_take_over`` stays false for
+a grace period (a whole lease after the first renewal that worked again), so
+the processes that were cut off with it renew their own leases before anyone
+takes their work: a shared outage causes no takeover storm. Before taking an
+expired process's work, ``end_backends_of_expired`` ends that process's
+database sessions (``pg_terminate_backend`` by ``application_name``), so the
+locks and transactions a frozen process holds are freed at once.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,6 +44,7 @@ from typing import Final
 
 from bot.core.sql import Transaction, ensure_schema
 from bot.core.stores.base import TransactionalStore, require_transactional
+from bot.core.stores.pgconnect import APPLICATION_PREFIX
 from bot.errors import StorageError
 
 __all__ = [
@@ -72,6 +83,10 @@ _MIGRATIONS: Final = {
         f"CREATE INDEX IF NOT EXISTS {_TABLE}_lease ON {_TABLE} (lease_expires_at)",
     ),
 }
+
+
+def _monotonic() -> float:
+    return time.monotonic()
 
 
 # -- row times ----------------------------------------------------------------
@@ -259,6 +274,16 @@ class InstanceRegistry:
         self._host_key: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._registered = False
+        # Self-fencing (monotonic clock): the lease is surely ours until _valid_until;
+        # _healthy_since is when renewals started working again (None while failing).
+        self._valid_until = 0.0
+        self._healthy_since: float | None = None
+        self._renewed = asyncio.Event()
+        self.grace_seconds = self._lease
+        self._last_renewed_at: float | None = None  # the database's stamp of our last renewal
+        self.lost_commits = 0
+        """Times the database was found to have lost an acknowledged renewal."""
+        """Renewals must have worked this long before this process takes others' work."""
 
     @property
     def owner(self) -> Owner:
@@ -296,6 +321,7 @@ class InstanceRegistry:
             self._host_key = await asyncio.to_thread(_host_key)
         host_key = self._host_key
         me = self._owner
+        began = _monotonic()
         async with self._store.transaction() as tx:
             await ensure_instances_schema(tx)
             if host_key:
@@ -313,15 +339,19 @@ class InstanceRegistry:
                         (owner.instance_id, owner.pid),
                     )
                     logger.info("instance %s of this host is gone; its work is free", instance_id)
-            await tx.execute(
+            stamp = await tx.fetchone(
                 f"INSERT INTO {_TABLE} (instance_id, pid, host, host_key, started_ticks, "
                 f"started_at, renewed_at, lease_expires_at) "
                 f"VALUES (?, ?, ?, ?, ?, {_NOW}, {_NOW}, {_NOW} + ?) "
                 "ON CONFLICT (instance_id) DO UPDATE SET "
-                "renewed_at = excluded.renewed_at, lease_expires_at = excluded.lease_expires_at",
+                "renewed_at = excluded.renewed_at, lease_expires_at = excluded.lease_expires_at "
+                "RETURNING renewed_at",
                 (me.instance_id, me.pid, self._host, host_key, me.started, self._lease),
             )
+        if stamp is not None:
+            self._last_renewed_at = float(stamp[0])
         self._registered = True
+        self._note_renewed(began)
         logger.info(
             "registered instance %s (lease %.0f s, renewed every %.1f s)",
             me.instance_id,
@@ -332,15 +362,24 @@ class InstanceRegistry:
     async def renew(self) -> bool:
         """Extend the lease; ``False`` if it had already expired (it is renewed all the same)."""
         me = self._owner
+        began = _monotonic()
         async with self._store.transaction() as tx:
-            valid = await _lease_valid_in(tx, me.instance_id)
-            changed = await tx.execute(
+            before = await tx.fetchone(
+                f"SELECT renewed_at, lease_expires_at > {_NOW} FROM {_TABLE} WHERE instance_id = ?",
+                (me.instance_id,),
+            )
+            valid = before is not None and bool(before[1])
+            after = await tx.fetchone(
                 f"UPDATE {_TABLE} SET renewed_at = {_NOW}, lease_expires_at = {_NOW} + ? "
-                "WHERE instance_id = ?",
+                "WHERE instance_id = ? RETURNING renewed_at",
                 (self._lease, me.instance_id),
             )
-        if changed != 1:
+        self._check_history(None if before is None else float(before[0]))
+        if after is None:
             await self.register()
+        else:
+            self._last_renewed_at = float(after[0])
+            self._note_renewed(began)
         if not valid:
             logger.warning(
                 "instance %s renewed a lease that had expired (database unreachable or the "
@@ -349,6 +388,85 @@ class InstanceRegistry:
                 me.instance_id,
             )
         return valid
+
+    def _check_history(self, stored: float | None) -> None:
+        """Say so when the database forgot a renewal it had acknowledged: a failover to an
+        asynchronous standby lost the last commits (DESIGN: report what cannot be undone)."""
+        last = self._last_renewed_at
+        if last is None or (stored is not None and stored >= last):
+            return
+        self.lost_commits += 1
+        logger.error(
+            "the database lost acknowledged commits: this process's lease renewal of %.1f s "
+            "ago is gone (a failover to a standby that had not received it). Messages "
+            "accepted and replies or scheduled messages recorded in that window may be "
+            "lost or sent again unmarked; use a synchronous standby to rule this out",
+            max(0.0, time.time() - last),
+        )
+
+    # -- self-fencing ------------------------------------------------------------------
+
+    def _note_renewed(self, began: float) -> None:
+        """A renewal that started at ``began`` committed: the server set the expiry to its
+        own now + lease, and its now was no earlier than ``began``."""
+        self._valid_until = max(self._valid_until, began + self._lease - self._margin)
+        if self._healthy_since is None:
+            self._healthy_since = began
+        self._renewed.set()
+        self._renewed = asyncio.Event()
+
+    def _note_failed(self) -> None:
+        self._healthy_since = None
+
+    @property
+    def _margin(self) -> float:
+        """Kept off the end of the lease: clocks drift, and a send takes a moment."""
+        return min(self._renew_every / 2, 2.0)
+
+    def holds_lease(self) -> bool:
+        """Whether this process surely still holds its lease (its own clock): if not, it
+        must not send or claim, since another process may be taking its work over."""
+        return _monotonic() < self._valid_until
+
+    async def wait_for_lease(self, within: float) -> bool:
+        """Wait until ``holds_lease`` (a renewal commits); ``False`` after ``within`` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not self.holds_lease():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._renewed.wait(), left)
+        return True
+
+    def may_take_over(self) -> bool:
+        """Whether this process may take expired processes' work now: it holds its lease,
+        and its renewals have worked for ``grace_seconds`` (after an outage the others
+        renew theirs first)."""
+        healthy = self._healthy_since
+        return (
+            self.holds_lease()
+            and healthy is not None
+            and _monotonic() - healthy >= self.grace_seconds
+        )
+
+    async def end_backends_of_expired(self) -> int:
+        """End the database sessions of processes whose lease expired (their locks and
+        open transactions go with them); returns how many. Needs the right to signal
+        the role's backends (the same role, or ``pg_signal_backend``)."""
+        async with self._store.transaction() as tx:
+            rows = await tx.fetchall(
+                "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a "
+                f"JOIN {_TABLE} i ON a.application_name = ? || i.instance_id "
+                f"WHERE i.lease_expires_at <= {_NOW} AND i.instance_id != ? "
+                "AND a.pid != pg_backend_pid()",
+                (APPLICATION_PREFIX, self.instance_id),
+            )
+        ended = sum(1 for (done,) in rows if done)
+        if ended:
+            logger.warning("ended %d database session(s) of processes whose lease expired", ended)
+        return ended
 
     async def start(self) -> None:
         """Register and keep the lease renewed in the background until ``stop``."""
@@ -361,13 +479,17 @@ class InstanceRegistry:
         while True:
             await asyncio.sleep(self._renew_every)
             try:
-                await self.renew()
-            except StorageError as exc:
+                # Bounded: a renewal stuck on a silent database is no renewal.
+                async with asyncio.timeout(self._lease / 2):
+                    await self.renew()
+            except (StorageError, TimeoutError) as exc:
+                self._note_failed()
                 failures += 1
                 # Every failure matters once the lease is at risk; before that, the first.
                 if failures == 1 or failures * self._renew_every >= self._lease:
                     logger.warning("could not renew the instance lease (%s); retrying", exc)
             except Exception:
+                self._note_failed()
                 failures += 1
                 logger.exception("renewing the instance lease failed; retrying")
             else:

@@ -77,6 +77,11 @@ class Outbox:
         """The media store of reply attachments (``Turns`` sets the media step's)."""
         self.voice: VoiceReplies | None = None
         """Sends replies that carry voice notes (``Turns`` sets it); ``None``: text and files."""
+        self.fence: Callable[[Obligation], Awaitable[bool]] | None = None
+        """Asked right before each platform send: ``False`` leaves the row as it is, unsent
+        (this process's lease lapsed and the row is no longer surely its own)."""
+        self.sending: set[str] = set()
+        """Obligation ids being sent now (a row in flight is nobody's quiet work)."""
         self.pacers: dict[str, AccountPacer] = {}
         """The outbound scheduler of each adapter that declared ``send_limits``."""
         for name, adapter in adapters.items():
@@ -110,6 +115,20 @@ class Outbox:
                 obligation.obligation_id,
                 f"waiting: {obligation.platform} is not connected",
                 wait=ADAPTER_WAIT_SECONDS,
+            )
+            return
+        self.sending.add(obligation.obligation_id)
+        try:
+            await self._send_owned(adapter, obligation)
+        finally:
+            self.sending.discard(obligation.obligation_id)
+
+    async def _send_owned(self, adapter: PlatformAdapter, obligation: Obligation) -> None:
+        if self.fence is not None and not await self.fence(obligation):
+            logger.warning(
+                "reply %s not sent: this process's lease lapsed and the reply is no longer "
+                "surely its own (whoever owns it sends it, marked)",
+                obligation.obligation_id,
             )
             return
         if obligation.needs_marker:

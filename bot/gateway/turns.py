@@ -47,6 +47,7 @@ from bot.gateway.outbox import Outbox
 from bot.gateway.proactive.jobs import cancel_jobs
 from bot.gateway.replies import Replies
 from bot.gateway.reply_context import reply_context, with_reply_context
+from bot.gateway.resume import database_away
 from bot.gateway.streaming import open_drafts, stop_drafts
 from bot.gateway.takeover import TakenOverError, Takeovers
 from bot.gateway.voice_replies import VoiceReplies
@@ -115,6 +116,10 @@ class Turns:
         )
         """``(tx, entry) -> owner_ref``: whose keyboard a reply to ``entry`` carries (the
         gateway sets it; ``None``: keyboards have no owner)."""
+        self.on_database_away: Callable[[InboxEntry, Obligation | None], None] | None = None
+        """Called instead of an apology when a turn (or a fixed answer) failed because the
+        database was away, with the reply it was committing if any: the gateway resumes it
+        once the database is back (``bot.gateway.resume``)."""
         self.runner = runner
         self.store = store
         self.inbox = inbox
@@ -352,6 +357,8 @@ class Turns:
             return
         except ChatflowError as exc:
             stop_drafts(drafts)  # the apology supersedes a half-written draft
+            if self._resumed_later(entry, exc, obligation[0] if obligation else None):
+                return
             self.metrics.turns.labels("failed").inc()
             logger.warning(
                 "turn failed in session %s (%s); sending an apology",
@@ -426,8 +433,12 @@ class Turns:
         if adapter is not None:
             text = adapter.format_reply(text, agent or self.runner.starting_agent.name)
 
+        recorded: list[Obligation] = []
+
         async def body(tx: Transaction) -> Obligation | None:
             obligation = await self._record(tx, entry, text)
+            if obligation is not None:
+                recorded.append(obligation)
             await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
             return obligation
 
@@ -436,13 +447,30 @@ class Turns:
         except InboxClaimLostError:
             logger.info("answer in session %s dropped: taken over elsewhere", entry.session_id)
             return
-        except ChatflowError:
+        except ChatflowError as exc:
+            if self._resumed_later(entry, exc, recorded[-1] if recorded else None):
+                return
             # The inbox row stays 'received': the next start-up answers it.
             logger.exception("could not record an answer for session %s", entry.session_id)
             return
         if obligation is not None:
             release_slot()
             await self.outbox.send(obligation)
+
+    def _resumed_later(
+        self, entry: InboxEntry, exc: BaseException, owed: Obligation | None
+    ) -> bool:
+        """Hand ``entry`` to ``on_database_away`` when ``exc`` says the database was away
+        (no apology for a fault that may heal in a second); ``False`` otherwise."""
+        if self.on_database_away is None or not database_away(exc):
+            return False
+        logger.warning(
+            "turn in session %s interrupted: the database is away (%s); resumed once it is back",
+            entry.session_id,
+            type(exc).__name__,
+        )
+        self.on_database_away(entry, owed)
+        return True
 
     async def close_in(
         self, tx: Transaction, entry: InboxEntry, text: str | None, *, error: str

@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot import Agent, Compaction, Runner, RunResult, forget, recall, remember
-from bot.memory_tools import memory_tools
 from bot.core.long_memory import (
     POLICY,
     ForgetRequest,
@@ -39,6 +38,7 @@ from bot.core.stores.base import BaseSessionStore, TransactionalStore
 from bot.core.stores.in_memory import SessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.tools import ToolContext
+from bot.memory_tools import memory_tools
 from tests.core.conftest import StoreFactory
 
 ANN_DM = MemoryScope("telegram", "chat_ann", "user_ann", private=True)

@@ -112,8 +112,13 @@ def test_advisory_keys_are_signed_64_bit_and_stable() -> None:
         ("postgresql://bot:s3cret@db:5432/chatflow", "postgresql://bot:***@db:5432/chatflow"),
         ("postgresql://bot@db/chatflow?sslmode=require", "postgresql://bot@db/chatflow"),
         ("postgres://db/chatflow", "postgres://db/chatflow"),
+        (
+            "postgresql://bot:s3cret@db1:5432,db2:5433/chatflow?target_session_attrs=read-write",
+            "postgresql://bot:***@db1:5432,db2:5433/chatflow",
+        ),
+        ("postgresql://bot:p@[::1]:5432/chatflow", "postgresql://bot:***@[::1]:5432/chatflow"),
     ],
-    ids=["password", "query", "no-user"],
+    ids=["password", "query", "no-user", "multi-host", "ipv6"],
 )
 def test_redact_dsn_hides_the_password(dsn: str, shown: str) -> None:
     assert redact_dsn(dsn) == shown

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tests.e2e.chaos_report import chaos_block
+
 __all__ = ["SCENARIOS", "ScenarioResult", "record", "results", "write_report"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,6 +139,10 @@ def write_report(seed: int, path: Path = REPORT) -> Path:
         if found.details:
             lines.append("")
             lines += found.details
+    # The database chaos section is make chaos's: kept as it is.
+    kept = chaos_block(path.read_text(encoding="utf-8")) if path.exists() else None
+    if kept:
+        lines += ["", kept]
     lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines), encoding="utf-8")

@@ -239,6 +239,8 @@ async def test_three_processes_killed_at_random_answer_every_message_once(
     for index, graph in enumerate(fleet.graphs):
         graph.on_send = on_send(index)
 
+    up = asyncio.Event()  # set whenever a restarted process is up
+
     async def supervise(bot: BotProcess) -> None:
         """Restart the process whenever it dies, after a short, random downtime."""
         while not done.is_set():
@@ -250,12 +252,18 @@ async def test_three_processes_killed_at_random_answer_every_message_once(
                 return
             with contextlib.suppress(AssertionError):  # killed again while starting: retry
                 await bot.start()
+                up.set()
 
     async def killer() -> None:
         for _ in range(RANDOM_KILLS):
             await asyncio.sleep(rng.uniform(0.8, 2.0))  # the scenario's schedule
-            running = fleet.running()
-            if done.is_set() or not running:
+            # Every process may be down at once (killed on a send, restarting on a busy
+            # host): the kill waits for one to be up again rather than being skipped.
+            while not (running := fleet.running()) and not done.is_set():
+                up.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(up.wait(), 1.0)
+            if done.is_set():
                 return
             victim = rng.choice(running)
             assert victim.proc is not None

@@ -20,7 +20,7 @@ from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
 from bot.core.sql import Transaction
 from bot.core.stores.sqlite import SQLiteSessionStore
-from bot.errors import ModelError, PlatformError, StorageError
+from bot.errors import DatabaseUnavailableError, ModelError, PlatformError, StorageError
 from bot.gateway import gateway as gateway_module
 from bot.gateway.gateway import Gateway, Replies
 from bot.gateway.instances import Owner
@@ -386,6 +386,24 @@ async def test_tx1_failures_during_an_outage_never_drop_the_message(
     monkeypatch.setattr(rig.store, "ping", ping)
     for _ in range(gateway_module.MAX_ACCEPT_FAILURES * 2):
         with pytest.raises(StorageError):
+            await rig.adapter.deliver(event)
+
+
+async def test_tx1_failing_while_the_database_was_away_is_never_poison_once_it_is_back(
+    rigs: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each failure said the database was away; by the fifth the database answers again
+    (the outage healed): the message is still refused, so the platform redelivers it,
+    never confirmed and dropped as poison."""
+    rig: Rig = await rigs()  # type: ignore[misc]
+    event = make_event("hello")
+
+    async def away(*args: object, **kwargs: object) -> bool:
+        raise DatabaseUnavailableError("cannot reach PostgreSQL: connection refused")
+
+    monkeypatch.setattr(rig.gateway.inbox, "accept", away)  # the store's ping still answers
+    for _ in range(gateway_module.MAX_ACCEPT_FAILURES * 2):
+        with pytest.raises(DatabaseUnavailableError):
             await rig.adapter.deliver(event)
 
 

@@ -18,10 +18,18 @@ Per-session order across processes
     queue locally), then a session-level ``pg_advisory_lock`` keyed by a 64-bit
     hash of (database, schema, session id) on a lock-pool connection, held for
     the whole turn. The server releases it when the holder's connection ends,
-    so a killed process never leaves a session locked (TCP keepalives, set per
-    connection, make it notice a dead host within ~25 s). Should a lock be lost
-    anyway (a network partition), the save's own check refuses a stale context
-    (``StorageError``), so two turns still cannot interleave.
+    so a killed process never leaves a session locked (TCP keepalives and
+    ``tcp_user_timeout``, set per connection, make it notice a dead host within
+    ``DATABASE_TCP_USER_TIMEOUT_SECONDS``; a frozen process's sessions are ended by
+    the process that takes its work over). Should a lock be lost anyway (a network
+    partition), the save's own check refuses a stale context (``StorageError``), so
+    two turns still cannot interleave.
+
+Timeouts
+    Every wait is bounded (``bot.core.stores.pgconnect``): per-host connects,
+    statements, pool acquisition; a COMMIT is never cancelled but cut, and then
+    reported as ``CommitOutcomeUnknownError``. Errors that mean the database is
+    away are ``DatabaseUnavailableError``.
 
 Migrations
     The SQLite store's, from ``bot.core.stores.schema``: versioned in
@@ -43,7 +51,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 import asyncpg
 
@@ -58,9 +66,10 @@ from bot.core.sql import (
 )
 from bot.core.stores.base import DEFAULT_DEDUP_TTL_HOURS
 from bot.core.stores.cache import DEFAULT_CACHE_MESSAGES, VERSION_SQL, SessionCache
+from bot.core.stores.pgconnect import ConnectionOptions, connector
 from bot.core.stores.schema import SCHEMA_VERSION, ensure_session_schema_in
 from bot.core.stores.sql import DriverTransaction, SQLSessionStore
-from bot.errors import StorageError
+from bot.errors import DatabaseUnavailableError, StorageError
 
 __all__ = [
     "DEFAULT_MAX_LOCK_CONNECTIONS",
@@ -77,17 +86,8 @@ DEFAULT_MAX_POOL: Final = 10
 """Connections of the main pool (transactions)."""
 DEFAULT_MAX_LOCK_CONNECTIONS: Final = 10
 """Connections of the lock pool: the most session locks one store holds at once."""
-CONNECT_TIMEOUT_SECONDS: Final = 10.0
-"""How long opening one connection may take."""
 CLOSE_TIMEOUT_SECONDS: Final = 10.0
 """How long ``close`` waits for borrowed connections before cutting them."""
-SERVER_SETTINGS: Final = {
-    "tcp_keepalives_idle": "10",
-    "tcp_keepalives_interval": "5",
-    "tcp_keepalives_count": "3",
-}
-"""Per-connection server settings: the server notices within ~25 s that the host of a
-connection died (power loss, partition) and drops its locks; the default is hours."""
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -95,17 +95,55 @@ if TYPE_CHECKING:
     _Conn: TypeAlias = PoolConnectionProxy[asyncpg.Record]
 
 # What can go wrong talking to the server, translated to StorageError where it enters.
-_DB_ERRORS: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_DB_ERRORS: Final = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # a connection left mid-operation by a timed-out statement
+    OSError,
+    TimeoutError,
+)
+
+
+# Server answers that mean "not reachable now" rather than "this statement is wrong":
+# shutting down, starting up, a standby after a failover, a statement timed out.
+_UNAVAILABLE_SERVER: Final = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.ReadOnlySQLTransactionError,
+    asyncpg.QueryCanceledError,
+    asyncpg.TargetServerAttributeNotMatched,
+)
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError) and not str(exc):
         # A server (or a proxy in front of it) that accepts connections but never answers.
-        return (
-            f"no answer within {CONNECT_TIMEOUT_SECONDS:g} s: the server accepted the "
-            "connection but never completed the handshake"
-        )
+        return "no answer in time: the server (or the network to it) went silent"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _cut(conn: _Conn) -> None:
+    """Close ``conn`` at once; one the pool already let go of (its server end died, or
+    it was cut before) needs nothing more."""
+    with contextlib.suppress(asyncpg.InterfaceError):
+        conn.terminate()
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database is away (so the same work may succeed later)."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return isinstance(exc, _UNAVAILABLE_SERVER)
+    return isinstance(
+        exc, (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+    )
+
+
+def _error(what: str, exc: BaseException) -> StorageError:
+    """``StorageError`` for ``exc`` (``DatabaseUnavailableError`` when the database is away)."""
+    kind = DatabaseUnavailableError if _unavailable(exc) else StorageError
+    return kind(f"{what}: {_describe(exc)}")
 
 
 def _quote_identifier(name: str) -> str:
@@ -115,14 +153,18 @@ def _quote_identifier(name: str) -> str:
 class _PgTransaction(DriverTransaction):
     """The ``Transaction`` of ``PostgresSessionStore``: ``?`` SQL on one connection."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_commit_timeout", "_conn", "_timeout")
 
     dialect: Final = "postgres"
     """Statements are PostgreSQL SQL, written with ``?`` placeholders."""
 
-    def __init__(self, conn: _Conn) -> None:
+    def __init__(
+        self, conn: _Conn, timeout: float | None = None, commit_timeout: float | None = None
+    ) -> None:
         super().__init__()
         self._conn = conn
+        self._timeout = timeout
+        self._commit_timeout = commit_timeout
 
     def _connection(self) -> _Conn:
         if not self._active:
@@ -133,9 +175,9 @@ class _PgTransaction(DriverTransaction):
         """Run one statement; return the number of rows it changed (-1 if none apply)."""
         conn = self._connection()
         try:
-            status = await conn.execute(qmark_to_dollar(sql), *params)
+            status = await conn.execute(qmark_to_dollar(sql), *params, timeout=self._timeout)
         except _DB_ERRORS as exc:
-            raise StorageError(f"SQL statement failed: {_describe(exc)}") from exc
+            raise _error("SQL statement failed", exc) from exc
         return rowcount_from_status(status)
 
     async def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> None:
@@ -145,30 +187,47 @@ class _PgTransaction(DriverTransaction):
         if not batch:
             return
         try:
-            await conn.executemany(qmark_to_dollar(sql), batch)
+            await conn.executemany(qmark_to_dollar(sql), batch, timeout=self._timeout)
         except _DB_ERRORS as exc:
-            raise StorageError(f"SQL statement failed: {_describe(exc)}") from exc
+            raise _error("SQL statement failed", exc) from exc
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run a query and return every row."""
         conn = self._connection()
         try:
-            rows = await conn.fetch(qmark_to_dollar(sql), *params)
+            rows = await conn.fetch(qmark_to_dollar(sql), *params, timeout=self._timeout)
         except _DB_ERRORS as exc:
-            raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
+            raise _error("SQL query failed", exc) from exc
         return [tuple(row) for row in rows]
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         """Run a query and return its first row, or ``None`` (use ``LIMIT`` for big results)."""
         conn = self._connection()
         try:
-            row = await conn.fetchrow(qmark_to_dollar(sql), *params)
+            row = await conn.fetchrow(qmark_to_dollar(sql), *params, timeout=self._timeout)
         except _DB_ERRORS as exc:
-            raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
+            raise _error("SQL query failed", exc) from exc
         return None if row is None else tuple(row)
 
     async def _send_commit(self) -> None:
-        await self._conn.execute("COMMIT")
+        # Never cancelled (a cancel request can leave a COMMIT durable here and missing
+        # on a standby promoted later): past its time the connection is cut instead,
+        # which the server does not act on mid-commit, and the outcome is unknown.
+        commit = asyncio.ensure_future(self._conn.execute("COMMIT"))
+        done, _ = await asyncio.wait({commit}, timeout=self._commit_timeout)
+        if not done:
+            _cut(self._conn)
+            with contextlib.suppress(asyncio.CancelledError, *_DB_ERRORS):
+                await commit
+            raise TimeoutError("no answer to COMMIT in time; the connection was cut")
+        await commit
+
+    def _commit_ambiguous(self, exc: BaseException) -> bool:
+        # An error the server sent in answer to COMMIT means it rolled back; a connection
+        # that died (or a server that went down) after COMMIT was sent says nothing.
+        if isinstance(exc, asyncpg.PostgresError):
+            return isinstance(exc, _UNAVAILABLE_SERVER)
+        return _unavailable(exc)
 
     async def _rollback(self) -> None:
         try:
@@ -176,7 +235,7 @@ class _PgTransaction(DriverTransaction):
         except (asyncio.CancelledError, *_DB_ERRORS):
             # The connection's state is unknown: drop it rather than hand it back.
             logger.warning("rolling back a session-store transaction failed; dropping it")
-            self._conn.terminate()
+            _cut(self._conn)
 
     def _driver_error(self, exc: BaseException) -> str | None:
         return _describe(exc) if isinstance(exc, _DB_ERRORS) else None
@@ -215,7 +274,9 @@ class PostgresSessionStore(SQLSessionStore):
         max_pool: int = DEFAULT_MAX_POOL,
         max_lock_connections: int = DEFAULT_MAX_LOCK_CONNECTIONS,
         cache_messages: int = DEFAULT_CACHE_MESSAGES,
+        options: ConnectionOptions | None = None,
     ) -> None:
+        """``options``: timeouts, keepalives and the connections' ``application_name``."""
         super().__init__(
             default_max_turns,
             dedup_ttl_hours=dedup_ttl_hours,
@@ -232,6 +293,7 @@ class PostgresSessionStore(SQLSessionStore):
         if max_lock_connections < 1:
             raise ValueError("max_lock_connections must be at least 1")
         self._dsn = dsn
+        self._options = options or ConnectionOptions()
         self._min_pool = min_pool
         self._max_pool = max_pool
         self._max_lock_connections = max_lock_connections
@@ -258,37 +320,52 @@ class PostgresSessionStore(SQLSessionStore):
 
     async def _connect(self) -> None:
         try:
-            pool = await asyncpg.create_pool(
-                self._dsn,
-                min_size=self._min_pool,
-                max_size=self._max_pool,
-                timeout=CONNECT_TIMEOUT_SECONDS,
-                server_settings=SERVER_SETTINGS,
-            )
+            pool = await self._create_pool(self._min_pool, self._max_pool)
         except _DB_ERRORS as exc:
-            raise StorageError(
-                f"DATABASE_URL: cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: "
-                f"{_describe(exc)}"
-            ) from exc
+            where = f"DATABASE_URL: cannot connect to PostgreSQL at {redact_dsn(self._dsn)}"
+            if isinstance(exc, TimeoutError) and not str(exc):
+                raise DatabaseUnavailableError(
+                    f"{where}: no answer within {self._options.connect_timeout:g} s: the server "
+                    "accepted the connection but never completed the handshake"
+                ) from exc
+            raise _error(where, exc) from exc
         try:
             await self._migrate(pool)
-            lock_pool = await asyncpg.create_pool(
-                self._dsn,
-                min_size=0,
-                max_size=self._max_lock_connections,
-                timeout=CONNECT_TIMEOUT_SECONDS,
-                server_settings=SERVER_SETTINGS,
-            )
+            lock_pool = await self._create_pool(0, self._max_lock_connections)
         except BaseException as exc:
             pool.terminate()
             if isinstance(exc, _DB_ERRORS):
-                raise StorageError(f"cannot prepare the session tables: {_describe(exc)}") from exc
+                raise _error("cannot prepare the session tables", exc) from exc
             raise
         self._pool = pool
         self._lock_pool = lock_pool
 
+    @property
+    def options(self) -> ConnectionOptions:
+        """The timeouts, keepalives and ``application_name`` of this store's connections."""
+        return self._options
+
+    async def _create_pool(self, min_size: int, max_size: int) -> asyncpg.Pool:
+        return await asyncpg.create_pool(
+            self._dsn,
+            min_size=min_size,
+            max_size=max_size,
+            # The stubs' protocol spells out asyncpg.connect's every keyword; the hook
+            # forwards them all.
+            connect=cast(Any, connector(self._options)),
+            server_settings=self._options.server_settings(),
+        )
+
+    async def _acquire(self, pool: asyncpg.Pool) -> _Conn:
+        try:
+            conn: _Conn = await pool.acquire(timeout=self._options.acquire_timeout)
+        except _DB_ERRORS as exc:
+            self._forget_snapshots()
+            raise _error("cannot reach PostgreSQL", exc) from exc
+        return conn
+
     async def _migrate(self, pool: asyncpg.Pool) -> None:
-        async with pool.acquire() as conn:
+        async with pool.acquire(timeout=self._options.acquire_timeout) as conn:
             await conn.execute("BEGIN")
             tx = _PgTransaction(conn)
             async with self._settle(tx, None):
@@ -357,24 +434,34 @@ class PostgresSessionStore(SQLSessionStore):
                 "run that SQL through the Transaction instead"
             )
         pool, _ = await self._pools()
-        try:
-            conn: _Conn = await pool.acquire()
-        except _DB_ERRORS as exc:
-            raise StorageError(f"cannot reach PostgreSQL: {_describe(exc)}") from exc
+        conn = await self._acquire(pool)
         if task is not None:
             self._tx_tasks.add(task)
         try:
             try:
-                await conn.execute("BEGIN" if write else "BEGIN READ ONLY")
+                await conn.execute(
+                    "BEGIN" if write else "BEGIN READ ONLY", timeout=self._options.statement_timeout
+                )
             except _DB_ERRORS as exc:
-                raise StorageError(f"cannot start a transaction: {_describe(exc)}") from exc
-            tx = _PgTransaction(conn)
+                raise _error("cannot start a transaction", exc) from exc
+            tx = _PgTransaction(
+                conn, self._options.statement_timeout, self._options.statement_timeout
+            )
             async with self._settle(tx, on_commit):
                 yield tx
+        except DatabaseUnavailableError:
+            self._forget_snapshots()
+            raise
         finally:
             if task is not None:
                 self._tx_tasks.discard(task)
             await self._release(pool, conn)
+
+    def _forget_snapshots(self) -> None:
+        """The database went away: the server that answers next (a promoted standby) may
+        lack commits this cache saw, and a session rebuilt there could match a snapshot's
+        version and length with other content. Every session is read afresh."""
+        self._cache.clear()
 
     async def _release(self, pool: asyncpg.Pool, conn: _Conn) -> None:
         # asyncpg shields the release from cancellation (which goes on to the caller)
@@ -399,19 +486,16 @@ class PostgresSessionStore(SQLSessionStore):
         async with self._session_locks.hold(session_id):
             _, lock_pool = await self._pools()
             key = self._session_key(session_id)
-            try:
-                conn: _Conn = await lock_pool.acquire()
-            except _DB_ERRORS as exc:
-                raise StorageError(f"cannot reach PostgreSQL: {_describe(exc)}") from exc
+            conn = await self._acquire(lock_pool)
             try:
                 await conn.execute("SELECT pg_advisory_lock($1)", key)
             except BaseException as exc:
                 # Cancelled or failed while waiting: the lock may have been granted
                 # meanwhile, so the connection goes (and the server frees the lock).
-                conn.terminate()
+                _cut(conn)
                 await self._release(lock_pool, conn)
                 if isinstance(exc, _DB_ERRORS):
-                    raise StorageError(f"cannot lock the session: {_describe(exc)}") from exc
+                    raise _error("cannot lock the session", exc) from exc
                 raise
             try:
                 yield
@@ -419,7 +503,7 @@ class PostgresSessionStore(SQLSessionStore):
                 try:
                     await asyncio.shield(conn.execute("SELECT pg_advisory_unlock($1)", key))
                 except (asyncio.CancelledError, *_DB_ERRORS):
-                    conn.terminate()
+                    _cut(conn)
                 await self._release(lock_pool, conn)
 
     # -- sessions -------------------------------------------------------------------
@@ -433,14 +517,16 @@ class PostgresSessionStore(SQLSessionStore):
         if task is not None and task in self._tx_tasks:
             return await super()._read_version(session_id)  # refuses the re-entry
         pool, _ = await self._pools()
+        conn = await self._acquire(pool)
         try:
-            conn: _Conn = await pool.acquire()
+            row = await conn.fetchrow(
+                qmark_to_dollar(VERSION_SQL),
+                session_id,
+                session_id,
+                timeout=self._options.statement_timeout,
+            )
         except _DB_ERRORS as exc:
-            raise StorageError(f"cannot reach PostgreSQL: {_describe(exc)}") from exc
-        try:
-            row = await conn.fetchrow(qmark_to_dollar(VERSION_SQL), session_id, session_id)
-        except _DB_ERRORS as exc:
-            raise StorageError(f"SQL query failed: {_describe(exc)}") from exc
+            raise _error("SQL query failed", exc) from exc
         finally:
             await self._release(pool, conn)
         return None if row is None else tuple(row)

@@ -38,7 +38,7 @@ from bot.core.stores.base import (
     dump_metadata,
 )
 from bot.core.stores.cache import CachedLoads
-from bot.errors import StorageError
+from bot.errors import CommitOutcomeUnknownError, StorageError
 
 __all__ = ["DriverTransaction", "SQLSessionStore"]
 
@@ -107,6 +107,11 @@ class DriverTransaction(ABC):
     @abstractmethod
     def _driver_error(self, exc: BaseException) -> str | None:
         """A description of ``exc`` if it is one of the driver's errors, else ``None``."""
+
+    def _commit_ambiguous(self, exc: BaseException) -> bool:
+        """Whether COMMIT failing with ``exc`` leaves its outcome unknown (the connection
+        died after it was sent, so the server may have committed): no, by default."""
+        return False
 
 
 _TxT = TypeVar("_TxT", bound=DriverTransaction)
@@ -186,6 +191,9 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
         if error is not None:
             await tx._rollback()
             described = tx._driver_error(error)
+            if described is not None and tx._commit_ambiguous(error):
+                # Never reported as aborted: the caller reads the keys back (D2).
+                raise CommitOutcomeUnknownError(f"commit outcome unknown: {described}") from error
             if described is not None:
                 raise StorageError(f"commit failed: {described}") from error
             raise error

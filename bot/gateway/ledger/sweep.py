@@ -277,6 +277,57 @@ class Recovery(LedgerCore):
             return None
         return obligation.claimed()
 
+    async def own_quiet(self, before: float, *, skip: Callable[[str], bool]) -> list[Obligation]:
+        """This process's ``pending`` and ``attempting`` rows last touched before ``before``
+        (Unix time) that ``skip(obligation_id)`` says nothing here holds: work a failure
+        (the database away mid-send, a commit whose outcome was unknown) left owed by a
+        live process, which no sweep of dead owners takes. Returned as read, with
+        ``needs_marker`` for ``attempting`` rows (an earlier send may have arrived); the
+        caller ``claim``s each. Delivered marks still buffered here are not quiet rows."""
+        me = self._owner
+
+        async def body(tx: Transaction) -> list[tuple[Any, ...]]:
+            return await tx.fetchall(
+                f"SELECT {COLUMNS} FROM {TABLE} WHERE state IN ('pending', 'attempting') "
+                "AND owner_pid = ? AND owner_instance = ? AND updated_at < ? "
+                "ORDER BY created_at, obligation_id",
+                (me.pid, me.instance_id, before),
+            )
+
+        quiet: list[Obligation] = []
+        for values in await self._run(body, write=False):
+            ob = decode_row(values).obligation
+            if skip(ob.obligation_id) or self._buffered(ob.obligation_id):
+                continue
+            if ob.obligation_id in self._unrecorded:
+                continue  # its outcome waits to be written: not lost
+            quiet.append(replace(ob, needs_marker=_maybe_sent(ob)))
+        return quiet
+
+    async def holds(self, obligation: Obligation) -> bool:
+        """Whether the row of ``obligation`` (as this process claimed it) is still this
+        process's to send: same owner, state and attempts. ``False`` on a storage failure."""
+        me = self._owner
+
+        async def body(tx: Transaction) -> tuple[Any, ...] | None:
+            return await tx.fetchone(
+                f"SELECT 1 FROM {TABLE} WHERE obligation_id = ? AND owner_pid = ? "
+                "AND owner_instance = ? AND state = ? AND attempts = ?",
+                (
+                    obligation.obligation_id,
+                    me.pid,
+                    me.instance_id,
+                    obligation.state,
+                    obligation.attempts,
+                ),
+            )
+
+        try:
+            return await self._run(body, write=False) is not None
+        except STORAGE_ERRORS as exc:
+            self._log_storage_failure("check the owner of", obligation.obligation_id, exc)
+            return False
+
     async def prune(self, now: datetime | None = None) -> int:
         """Delete ``delivered``/``abandoned`` rows settled more than ``RETENTION`` ago.
 

@@ -16,7 +16,7 @@ from bot.core.agent import Agent
 from bot.core.messages import Message, Role
 from bot.core.session import SessionContext
 from bot.core.sql import Transaction
-from bot.core.stores import postgres as postgres_store
+from bot.core.stores.pgconnect import ConnectionOptions
 from bot.core.stores.postgres import SCHEMA_VERSION, PostgresSessionStore
 from bot.errors import SchemaVersionError, StorageError
 from tests.fakes.clock import FakeClock
@@ -93,7 +93,6 @@ async def test_unreachable_server_is_a_storage_error_without_the_password() -> N
 async def test_a_server_that_never_answers_is_named_with_what_timed_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(postgres_store, "CONNECT_TIMEOUT_SECONDS", 0.3)
     accepted = asyncio.Event()
     held: list[asyncio.StreamWriter] = []
 
@@ -103,7 +102,10 @@ async def test_a_server_that_never_answers_is_named_with_what_timed_out(
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    store = PostgresSessionStore(f"postgresql://bot:s3cret@127.0.0.1:{port}/chatflow")
+    store = PostgresSessionStore(
+        f"postgresql://bot:s3cret@127.0.0.1:{port}/chatflow",
+        options=ConnectionOptions(connect_timeout=0.3),
+    )
     try:
         with pytest.raises(StorageError) as info:
             await store.open()
@@ -360,7 +362,7 @@ async def test_a_transaction_cancelled_at_any_point_stays_cancelled_and_returns_
         async with store.transaction() as tx:
             await tx.execute("CREATE TABLE probe (n INTEGER)")
         outcomes: set[str] = set()
-        for steps in range(40):
+        for steps in range(120):
 
             async def one(n: int = steps) -> None:
                 async with store.transaction() as tx:
@@ -444,5 +446,5 @@ async def test_connections_detect_a_dead_host_within_seconds(pg_dsn: str) -> Non
         async with store.transaction() as tx:
             row = await tx.fetchone("SHOW tcp_keepalives_idle")
             schema = await tx.fetchone("SELECT current_schema()")
-        assert row == ("10",)  # seconds, not the server's default of hours
+        assert row == ("5",)  # seconds, not the server's default of hours
         assert schema is not None and schema[0].startswith("t_")  # the DSN's settings kept
