@@ -117,7 +117,9 @@ def test_an_unreachable_database_is_one_line_naming_database_url(
     monkeypatch.setenv("DATABASE_URL", "postgresql://nobody:pw@127.0.0.1:1/x")
     code, out, err = in_process("sessions", "list")
     assert (code, out) == (1, "")
-    assert err.startswith("chatflow: StorageError: DATABASE_URL: cannot connect to PostgreSQL")
+    assert err.startswith(
+        "chatflow: DatabaseUnavailableError: DATABASE_URL: cannot connect to PostgreSQL"
+    )
     assert "pw" not in err and len(err.splitlines()) == 1
 
 

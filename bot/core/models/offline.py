@@ -27,7 +27,8 @@ so nobody mistakes it for a real model. Rules, in order:
 5. The text names a tool whose id it does not give: ask for it.
 6. An agent with the ``search_knowledge`` tool asked a question (a text ending in
    "?" or starting with a question word) looks it up, and answers with the best
-   passage and its source (rule 1 quotes it: ``According to returns.md ...``).
+   passage and its source (rule 1 quotes it: ``According to returns.md ...``);
+   when nothing is found, it says so and answers as rule 8 does.
 7. An agent with tools of its own that none of rules 2-6 fits hands the
    message back to the agent the conversation started with (the first to answer
    in the history). So a specialist sends a greeting or another team's question
@@ -258,6 +259,18 @@ def _quote_passage(data: Mapping[str, Any]) -> str:
     return f"{OFFLINE_PREFIX}According to {where}: {text} (source: {best.get('source')})"
 
 
+_NOTHING_FOUND = " I found nothing about that in our documents."
+
+
+def _found_passages(content: str | None) -> bool:
+    """Whether a ``search_knowledge`` result holds at least one passage."""
+    try:
+        data = json.loads(content or "")
+    except ValueError:
+        return False
+    return isinstance(data, dict) and bool(data.get("passages"))
+
+
 def _is_question(text: str) -> bool:
     words = _words(text)
     return text.strip().endswith("?") or (bool(words) and words[0] in _QUESTION_WORDS)
@@ -430,11 +443,11 @@ class OfflineModel:
         if last is not None and last.role is Role.TOOL:
             call = _find_call(messages, last.tool_call_id)
             if call is None or not call.name.startswith(_HANDOFF_PREFIX):
-                return ModelResponse(
-                    content=_summarise(
-                        call.name if call else last.name, last.content, _file_notes(last)
-                    )
-                )
+                name = call.name if call else last.name
+                if name == _KNOWLEDGE_TOOL and not _found_passages(last.content):
+                    # Nothing in the documents: the demo's usual answer, saying so.
+                    return ModelResponse(content=_echo(agent, user_text, _NOTHING_FOUND))
+                return ModelResponse(content=_summarise(name, last.content, _file_notes(last)))
         this_turn = messages[asked_at + 1 :] if asked_at is not None else messages
         held = _agents_this_turn(this_turn, agent)
         allowed = [
@@ -491,12 +504,12 @@ def _call(name: str, arguments: dict[str, Any]) -> ModelResponse:
     return ModelResponse(content=None, tool_calls=[call])
 
 
-def _echo(agent: str, text: str) -> str:
+def _echo(agent: str, text: str, lead: str = "") -> str:
     quoted = text.strip()
     if len(quoted) > 200:
         quoted = quoted[:199] + "…"
     said = f' You said: "{quoted}".' if quoted else ""
     return (
-        f"{OFFLINE_PREFIX}{agent} here.{said} I am the built-in offline demo model; "
+        f"{OFFLINE_PREFIX}{agent} here.{lead}{said} I am the built-in offline demo model; "
         "set DEFAULT_MODEL and an API key for real answers."
     )
