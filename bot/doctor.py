@@ -19,6 +19,7 @@ from bot.database import open_store
 from bot.errors import ChatflowError
 from bot.server import listen_socket
 from bot.setting_typos import setting_typos
+from bot.tracing.setup import plan as tracing_plan
 
 __all__ = ["CheckResult", "run_checks"]
 
@@ -161,6 +162,13 @@ def _check_voice(settings: Settings, loaded: LoadedAgents) -> CheckResult:
     return CheckResult("voice replies", True, detail)
 
 
+def _check_tracing() -> CheckResult:
+    """``tracing: OTLP/HTTP to http://collector:4318/v1/traces (service chatflow, ...)``,
+    or why it is off; a warning when message content is captured."""
+    chosen = tracing_plan()
+    return CheckResult("tracing", True, chosen.reason, warning=chosen.capture_content)
+
+
 async def _check_mcp(loaded: LoadedAgents) -> list[CheckResult]:
     agents = loaded.starting_agent.reachable_agents()
     return [await _check_mcp_server(server) for server in servers_of(agents)]
@@ -267,6 +275,7 @@ async def run_checks(settings: Settings) -> int:
     else:
         results.append(CheckResult("database", False, "not checked: DATA_DIR is unusable"))
     results.append(_check_http_port(settings))
+    results.append(_check_tracing())
     loaded: LoadedAgents | None = None
     try:
         loaded = load_agents(settings.agents_module)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -54,6 +55,7 @@ from bot.core.streaming import ReplyStream, ask_model
 from bot.core.tools import FunctionTool, ToolContext, error_result
 from bot.core.usage import CallUsage
 from bot.errors import ChatflowError, EmptyAnswerError, MaxToolRoundsError, TurnError
+from bot.tracing import names, spans
 
 __all__ = ["OnCommit", "RunResult", "Runner"]
 
@@ -355,15 +357,24 @@ class Runner:
                 if on_commit is not None:  # before the model runs, not at the save
                     require_transactional(self.store, "run_async(on_commit=...)")
                 checkpoint = session.checkpoint()
+                agent_span = spans.span(
+                    f"invoke_agent {session.active_agent.name}",
+                    _agent_attributes(session, metadata),
+                )
                 try:
-                    if metadata:
-                        session.metadata.update(metadata)
-                    result = await self._run_turn(
-                        session, user_message, inbound_message_id, parts, stream, calls
-                    )
-                    if before_commit is not None:
-                        result = await before_commit(result)
-                    cancelled_after_commit = await self._save(session, result, on_commit)
+                    with agent_span as traced:
+                        if metadata:
+                            session.metadata.update(metadata)
+                        spans.content(traced, "gen_ai.input.messages", user_message or None)
+                        result = await self._run_turn(
+                            session, user_message, inbound_message_id, parts, stream, calls
+                        )
+                        if before_commit is not None:
+                            result = await before_commit(result)
+                        with spans.span(names.TX2):
+                            cancelled_after_commit = await self._save(session, result, on_commit)
+                        traced.set("chatflow.answered_by", result.agent)
+                        spans.content(traced, "gen_ai.output.messages", result.content)
                 except BaseException as exc:
                     session.rollback_to(checkpoint)
                     logger.log(
@@ -585,6 +596,8 @@ class Runner:
         """End the turn on ``pending``: the question joins the history as the agent's
         message; the call itself is added with its result once decided."""
         prompt = approval_prompt(pending)
+        with spans.span(names.APPROVAL_PAUSE, {"gen_ai.tool.name": pending.tool_name}):
+            pass  # the trace shows where the turn stopped to wait for a person
         turn.add(Message(role=Role.MODEL, content=prompt, agent=agent.name))
         logger.info(
             "Tool %s in session %s waits for approval %s",
@@ -621,16 +634,24 @@ class Runner:
         messages = session.history if agent.vision else without_images(session.history)
         tools = agent.tool_specs()
         token = current_agent_name.set(agent.name)
+        attributes: dict[str, spans.AttributeValue] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model_name,
+            "gen_ai.provider.name": getattr(model, "provider_name", "offline"),
+            "gen_ai.agent.name": agent.name,
+        }
         try:
-            response = await ask_model(
-                model,
-                stream if agent.stream and self.stream_replies else None,
-                agent.name,
-                model=model_name,
-                system=agent.instructions,
-                messages=messages,
-                tools=tools,
-            )
+            with spans.span(f"chat {model_name}", attributes, kind="client") as traced:
+                response = await ask_model(
+                    model,
+                    stream if agent.stream and self.stream_replies else None,
+                    agent.name,
+                    model=model_name,
+                    system=agent.instructions,
+                    messages=messages,
+                    tools=tools,
+                )
+                _model_attributes(traced, response)
         finally:
             current_agent_name.reset(token)
         self.compactor.observe_call(session.session_id, agent, messages, tools, response.usage)
@@ -651,7 +672,31 @@ class Runner:
             return error_result(invalid_reason), None
         handoff = agent.find_handoff(call.name)
         if handoff is not None:
-            return self._handoff(handoff, handed_off)
+            with spans.span(names.HANDOFF, {"gen_ai.agent.name": agent.name}) as traced:
+                text, target = self._handoff(handoff, handed_off)
+                traced.set("chatflow.handoff.to", target.name if target else "")
+            return text, target
+        attributes: dict[str, spans.AttributeValue] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+        }
+        with spans.span(f"execute_tool {call.name}", attributes) as traced:
+            spans.content(traced, "gen_ai.tool.call.arguments", _arguments_text(call))
+            output, target = await self._run_tool(session, agent, call, inbound_message_id, effects)
+            if isinstance(output, str):
+                spans.content(traced, "gen_ai.tool.call.result", output)
+            return output, target
+
+    async def _run_tool(
+        self,
+        session: SessionContext,
+        agent: Agent,
+        call: ToolCall,
+        inbound_message_id: str | None,
+        effects: list[object],
+    ) -> tuple[str | ToolOutput, Agent | None]:
+        """Run a function or MCP tool (not a handoff) by its name."""
         function_tool = agent.find_tool(call.name) or agent.find_mcp_tool(call.name)
         if function_tool is None:
             if call.name.startswith(HANDOFF_PREFIX):
@@ -659,8 +704,11 @@ class Runner:
             return error_result(f"unknown tool {call.name!r}"), None
         context = self._tool_context(session, agent, inbound_message_id, effects)
         try:
-            run = function_tool.run if isinstance(function_tool, FunctionTool) else None
-            return await (run or function_tool.invoke)(context, call.arguments), None
+            if isinstance(function_tool, FunctionTool):
+                return await function_tool.run(context, call.arguments), None
+            # A tool of an MCP server: its call is a span of its own inside execute_tool.
+            with spans.span(names.MCP_CALL, {"gen_ai.tool.name": call.name}, kind="client"):
+                return await function_tool.invoke(context, call.arguments), None
         except Exception as exc:  # invoke reports tool failures itself; this is a bug guard
             logger.warning("Tool %s invocation failed: %s", call.name, type(exc).__name__)
             return error_result(f"tool {call.name!r} failed"), None
@@ -694,3 +742,30 @@ def _unique_ids(
         if original in invalid:
             reasons[call.id] = invalid[original]
     return result, reasons
+
+
+def _agent_attributes(
+    session: SessionContext, metadata: Mapping[str, Any] | None
+) -> dict[str, spans.AttributeValue]:
+    """``invoke_agent``'s attributes: the agent, and the conversation as a hash."""
+    key = (metadata or {}).get("session_key") or session.session_id
+    return {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": session.active_agent.name,
+        names.CONVERSATION_ID: spans.conversation_id(str(key)),
+    }
+
+
+def _model_attributes(traced: spans.SpanHandle, response: ModelResponse) -> None:
+    """A ``chat`` span's answer: token usage and why the model stopped."""
+    usage = response.usage
+    traced.set("gen_ai.usage.input_tokens", usage.input_tokens)
+    traced.set("gen_ai.usage.output_tokens", usage.output_tokens)
+    reason = response.finish_reason or ("tool_calls" if response.tool_calls else "stop")
+    traced.set("gen_ai.response.finish_reasons", (reason,))
+    spans.content(traced, "gen_ai.output.messages", response.content)
+
+
+def _arguments_text(call: ToolCall) -> str:
+    """A tool call's arguments as JSON (content: only with the operator's opt-in)."""
+    return json.dumps(call.arguments, ensure_ascii=False, default=str)

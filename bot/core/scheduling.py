@@ -75,6 +75,8 @@ MIGRATIONS: Final = {
         f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE} (state, due_at)",
         f"CREATE INDEX IF NOT EXISTS {TABLE}_session ON {TABLE} (session_id, state)",
     ),
+    # 2: the trace context of the turn that scheduled the job (tracing on); NULL before it.
+    2: (f"ALTER TABLE {TABLE} ADD COLUMN traceparent TEXT",),
 }
 """``MIGRATIONS[v]`` moves the jobs table from version ``v - 1`` to ``v`` (SQLite DDL)."""
 
@@ -121,6 +123,8 @@ class JobRoute:
     platform: str
     chat_id: str
     thread_id: str | None
+    traceparent: str | None = None
+    """The scheduling span's W3C ``traceparent``: each firing's trace links to it."""
 
 
 async def ensure_jobs_schema_in(tx: Transaction) -> None:
@@ -141,8 +145,8 @@ async def apply_in(
         if isinstance(request, ScheduleRequest):
             scheduled += await tx.execute(
                 f"INSERT INTO {TABLE} (id, session_key, session_id, platform, chat_id, "
-                "thread_id, text, run_agent, cron, due_at, state, created_at, fired_count) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'scheduled', ?, 0) "
+                "thread_id, text, run_agent, cron, due_at, state, created_at, fired_count, "
+                "traceparent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'scheduled', ?, 0, ?) "
                 "ON CONFLICT(id) DO NOTHING",
                 (
                     request.job_id,
@@ -156,6 +160,7 @@ async def apply_in(
                     request.cron,
                     request.due_at,
                     now,
+                    route.traceparent,
                 ),
             )
         else:

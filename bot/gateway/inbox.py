@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
@@ -34,6 +34,7 @@ from bot.errors import StorageError
 from bot.gateway.events import MessageEvent, event_from_dict, event_to_dict
 from bot.gateway.instances import Owner, from_epoch, to_epoch
 from bot.logs import log_ref
+from bot.tracing.spans import Carried
 
 __all__ = [
     "MAX_RECOVERIES",
@@ -107,6 +108,14 @@ class InboxEntry:
     gave_up: bool = False
     """It died with the process ``MAX_RECOVERIES`` times while running alone: close it
     with an apology instead of running it again."""
+    trace: Carried | None = field(default=None, compare=False)
+    """The receipt's span (tracing on, received by this process): the turn continues
+    its trace."""
+    queued_ns: int = field(default=0, compare=False)
+    """When it was queued (``time.time_ns()``), for the queue wait's span; 0 if untraced."""
+    link: str | None = field(default=None, compare=False)
+    """``traceparent`` of the span that owed this turn (a scheduled job's, an approval's):
+    its new trace links to it."""
 
 
 class Inbox:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
@@ -147,12 +148,14 @@ class Scheduler:
         async def body(tx: Transaction) -> Obligation | InboxEntry | str | None:
             row = await tx.fetchone(
                 "SELECT session_key, session_id, platform, chat_id, thread_id, text, cron, "
-                f"run_agent FROM {TABLE} WHERE id = ? AND state = 'scheduled' AND due_at = ?",
+                f"run_agent, traceparent FROM {TABLE} "
+                "WHERE id = ? AND state = 'scheduled' AND due_at = ?",
                 (job_id, due_at),
             )
             if row is None:
                 return None
-            session_key, session_id, platform, chat_id, thread_id, text, cron, run_agent = row
+            session_key, session_id, platform, chat_id, thread_id, text, cron, run_agent = row[:8]
+            link = None if row[8] is None else str(row[8])  # the scheduling turn's span
             # From the schedule's own grid: a late fire does not shift later runs.
             next_at = None if cron is None else next_occurrence(str(cron), max(due_at, now))
             dropped = late > self.max_lateness
@@ -185,6 +188,7 @@ class Scheduler:
                     str(text),
                     now,
                 )
+                entry = dataclasses.replace(entry, link=link)
                 accepted = await self._inbox.accept_in(
                     tx, entry.event, session_key=entry.session_key, session_id=entry.session_id
                 )
@@ -199,6 +203,7 @@ class Scheduler:
                 reply_to=None,
                 content=str(text),
                 message_ref=message_ref,
+                traceparent=link,
             )
             if not await self._ledger.record_in(tx, obligation):
                 return None  # this occurrence was owed before

@@ -47,6 +47,7 @@ from bot.gateway.takeover import TakenOverError, Takeovers
 from bot.gateway.taps import tap_text
 from bot.gateway.voice_replies import VoiceReplies
 from bot.metrics import Metrics
+from bot.tracing import spans
 
 __all__ = ["MAX_INBOUND_CHARS", "TYPING_DELAY", "TYPING_INTERVAL", "Turns"]
 
@@ -228,6 +229,7 @@ class Turns:
                 event.platform,
                 event.source.chat_id,
                 event.source.thread_id,
+                spans.traceparent(),  # tx 2's span: each firing's trace links to it
             )
             added, _ = await apply_in(tx, result.effects, route, self.store.now().timestamp())
             scheduled.append(added)

@@ -1,0 +1,13 @@
+"""Tracing: one OpenTelemetry trace per inbound message, off unless ``OTEL_*`` asks.
+
+- ``bot.tracing.spans``: the helpers the bot calls (no-ops while off);
+- ``bot.tracing.otel``: the live backend over OpenTelemetry's API (imported only on);
+- ``bot.tracing.setup``: reading the ``OTEL_*`` environment, the SDK and exporter;
+- ``bot.tracing.names``: Chatflow's span and attribute names.
+"""
+
+from __future__ import annotations
+
+from bot.tracing.setup import Tracing, TracingPlan, configure, plan
+
+__all__ = ["Tracing", "TracingPlan", "configure", "plan"]
