@@ -442,9 +442,11 @@ class Runner:
         if on_commit is None:
             save = self.store.save(session)
         else:
+            carried = spans.capture()  # tx 2's span: the store may run this in its own task
 
             async def also(transaction: Transaction) -> None:
-                await on_commit(result, transaction)
+                with spans.resume(carried):  # rows recorded here name the span that owes them
+                    await on_commit(result, transaction)
 
             save = require_transactional(self.store, "on_commit").save(session, also=also)
         task = asyncio.ensure_future(save)
