@@ -1,0 +1,224 @@
+"""Benchmark: what tracing costs the pipeline (issue 40), side by side in one run.
+
+The pipeline of ``bench.pipeline`` (10 closed-loop sessions, instant model, SQLite)
+in three variants, each in a fresh interpreter, rounds alternating:
+
+- ``today``: the code before tracing existed (the parent of the commit that added
+  ``bot/tracing``, extracted with ``git archive``; skipped without git history);
+- ``off``: this tree with no ``OTEL_*`` set (the shipped default);
+- ``on``: this tree exporting every span over OTLP/HTTP to a local receiver on
+  127.0.0.1 (in this process, a thread that decodes each export and counts its spans).
+
+Reported: the best round's messages/s of each, ``on ÷ off`` (target >= 0.95),
+``off ÷ today`` (no measurable difference: within the rounds' own spread), and the
+spans the receiver decoded per message (so ``on`` is known to have exported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from bench.common import ROOT, fmt_num, print_table, write_result
+
+NAME = "tracing"
+SESSIONS = 10
+ROUNDS = 3
+TARGET = 0.95
+
+_CHILD = """
+import asyncio, json, os, sys, tempfile
+from pathlib import Path
+import bench.pipeline as pipeline
+import bot
+pipeline.WARMUP_SECONDS = float(os.environ["BENCH_WARMUP"])
+pipeline.MEASURE_SECONDS = float(os.environ["BENCH_MEASURE"])
+tracing = None
+if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    from bot.tracing.setup import configure
+    tracing = configure()
+    assert tracing is not None
+with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as directory:
+    level = asyncio.run(pipeline.measure_level(Path(directory), int(sys.argv[1]), light=True))
+if tracing is not None:
+    tracing.shutdown()
+print(json.dumps({"level": level, "bot": bot.__file__,
+                  "otel": any(m.startswith("opentelemetry") for m in sys.modules)}))
+"""
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    spans = 0
+    exports = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        count = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        with _Receiver.lock:
+            _Receiver.spans += count
+            _Receiver.exports += 1
+        answer = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+@contextmanager
+def _receiver() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _baseline(directory: Path) -> tuple[Path, str] | None:
+    """Today's tree (before ``bot/tracing`` was added) extracted into ``directory``."""
+    try:
+        added = subprocess.run(
+            ["git", "log", "--diff-filter=A", "--format=%H", "--", "bot/tracing/__init__.py"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        if not added:
+            return None
+        parent = f"{added[-1]}^"
+        archive = directory / "today.tar"
+        with archive.open("wb") as out:
+            subprocess.run(
+                ["git", "archive", parent, "bot", "bench"],
+                cwd=ROOT,
+                stdout=out,
+                timeout=120,
+                check=True,
+            )
+        tree = directory / "today"
+        with tarfile.open(archive) as tar:
+            tar.extractall(tree, filter="data")
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", parent],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        return tree, commit
+    except (OSError, subprocess.SubprocessError, tarfile.TarError):
+        return None
+
+
+def _measure(tree: Path, env: dict[str, str]) -> dict[str, Any]:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(SESSIONS)],
+        cwd=tree,
+        env={**keep, "PYTHONPATH": str(tree), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"pipeline run failed in {tree}:\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if not result["bot"].startswith(str(tree)):
+        raise RuntimeError(f"the run in {tree} imported another tree's bot: {result['bot']}")
+    return result
+
+
+def main() -> int:
+    warmup, measure = os.environ.get("BENCH_WARMUP", "1.5"), os.environ.get("BENCH_MEASURE", "5")
+    with tempfile.TemporaryDirectory(prefix="tmp-tracing-") as scratch, _receiver() as endpoint:
+        base = {"BENCH_WARMUP": warmup, "BENCH_MEASURE": measure, "BENCH_TMP": scratch}
+        today = _baseline(Path(scratch))
+        variants: dict[str, tuple[Path, dict[str, str]]] = {
+            "off": (ROOT, base),
+            "on": (
+                ROOT,
+                {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "bench"},
+            ),
+        }
+        if today is not None:
+            variants = {"today": (today[0], base), **variants}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+        exported = 0
+        for _ in range(ROUNDS):
+            for name, (tree, env) in variants.items():
+                before = _Receiver.spans
+                result = _measure(tree, env)
+                result["spans"] = _Receiver.spans - before
+                runs[name].append(result)
+                if name == "on":
+                    exported += result["spans"]
+    best = {name: max(r["level"]["messages_per_s"] for r in rs) for name, rs in runs.items()}
+    spread = {
+        name: [round(r["level"]["messages_per_s"], 1) for r in rs] for name, rs in runs.items()
+    }
+    on_messages = sum(
+        r["level"]["messages"] for r in runs["on"]
+    )  # measured messages only: warm-up spans are exported too, so the ratio is an upper bound
+    ratio = best["on"] / best["off"]
+    off_today = best["off"] / best["today"] if "today" in best else None
+    rows = [
+        [name, fmt_num(best[name]), ", ".join(fmt_num(v) for v in spread[name])] for name in best
+    ]
+    print_table(
+        f"Pipeline with tracing ({SESSIONS} sessions, best of {ROUNDS} rounds)",
+        ["variant", "msg/s", "rounds"],
+        rows,
+    )
+    print(f"on / off = {ratio:.3f} (target >= {TARGET})")
+    if off_today is not None:
+        print(f"off / today = {off_today:.3f} (today = {today[1] if today else '?'})")
+    print(f"spans received while on: {exported} ({exported / max(on_messages, 1):.1f} per message)")
+    if any(r["otel"] for name in ("off", "today") if name in runs for r in runs[name]):
+        print("warning: OpenTelemetry was imported with tracing off")
+    write_result(
+        NAME,
+        {
+            "sessions": SESSIONS,
+            "rounds": ROUNDS,
+            "messages_per_s": best,
+            "rounds_messages_per_s": spread,
+            "on_over_off": ratio,
+            "off_over_today": off_today,
+            "today_commit": today[1] if today else None,
+            "spans_per_message_on": exported / max(on_messages, 1),
+            "otel_imported_when_off": any(r["otel"] for r in runs["off"]),
+        },
+    )
+    return 0  # the target is checked in the summary (python -m bench)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
