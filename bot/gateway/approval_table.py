@@ -70,6 +70,8 @@ MIGRATIONS: Final = {
         f"CREATE INDEX IF NOT EXISTS {TABLE}_state ON {TABLE} (state, expires_at)",
         f"CREATE INDEX IF NOT EXISTS {TABLE}_session ON {TABLE} (session_id, state)",
     ),
+    # 2: the trace context of the turn that asked (tracing on); NULL before it.
+    2: (f"ALTER TABLE {TABLE} ADD COLUMN traceparent TEXT",),
 }
 """``MIGRATIONS[v]`` moves the table from version ``v - 1`` to ``v`` (SQLite DDL)."""
 
@@ -92,7 +94,7 @@ MARKERS: Final[Mapping[str, str]] = {
 
 _COLUMNS: Final = (
     "id, session_key, session_id, platform, chat_id, thread_id, sender_ref, agent, "
-    "tool_name, call_id, arguments_json, state, decided_by, created_at, expires_at"
+    "tool_name, call_id, arguments_json, state, decided_by, created_at, expires_at, traceparent"
 )
 
 
@@ -121,6 +123,8 @@ class ApprovalRow:
     decided_by: str | None
     created_at: datetime
     expires_at: datetime
+    traceparent: str | None = None
+    """The asking turn's span (tracing on): the continuation's trace links to it."""
 
     @property
     def pending(self) -> PendingApproval:
@@ -138,7 +142,7 @@ def _row(values: tuple[Any, ...]) -> ApprovalRow:
     (aid, key, sid, platform, chat, thread, sender, agent, tool_name, call_id, args, state) = (
         values[:12]
     )
-    decided_by, created_at, expires_at = values[12:15]
+    decided_by, created_at, expires_at, traceparent = values[12:16]
     return ApprovalRow(
         approval_id=str(aid),
         session_key=str(key),
@@ -155,6 +159,7 @@ def _row(values: tuple[Any, ...]) -> ApprovalRow:
         decided_by=None if decided_by is None else str(decided_by),
         created_at=datetime.fromtimestamp(float(created_at), UTC),
         expires_at=datetime.fromtimestamp(float(expires_at), UTC),
+        traceparent=None if traceparent is None else str(traceparent),
     )
 
 
@@ -211,6 +216,7 @@ def _continuation(row: ApprovalRow, outcome: str, now: float) -> InboxEntry:
         session_id=row.session_id,
         received_at=received_at,
         attempts=0,
+        link=row.traceparent,
     )
 
 

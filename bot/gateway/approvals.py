@@ -55,6 +55,7 @@ from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.keys import hash_sender_id
 from bot.gateway.taps import TapInfo, TapOutcome
 from bot.metrics import Metrics
+from bot.tracing import spans
 
 __all__ = [
     "APPROVAL_REF_PREFIX",
@@ -159,7 +160,7 @@ class Approvals:
         await tx.execute(
             f"INSERT INTO {TABLE} (id, session_key, session_id, platform, chat_id, thread_id, "
             "sender_ref, agent, tool_name, call_id, arguments_json, state, created_at, "
-            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+            "expires_at, traceparent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
             (
                 pending.approval_id,
                 entry.session_key,
@@ -174,6 +175,7 @@ class Approvals:
                 pending.arguments_json(),
                 now,
                 now + self.ttl_seconds,
+                spans.traceparent(),  # tx 2's span: the continuation's trace links to it
             ),
         )
 

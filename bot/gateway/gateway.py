@@ -593,7 +593,11 @@ class Gateway:
         if item.trace is None:
             # Recovered from the journal, scheduled or continued after an approval: its
             # own trace, linked to the span that owed it where one was stored.
-            name = names.SCHEDULED if item.link is not None else names.TURN_RECOVERED
+            name = names.TURN_RECOVERED
+            if item.event.message_id.startswith(APPROVAL_REF_PREFIX):
+                name = names.CONTINUATION
+            elif item.event.scheduled:
+                name = names.SCHEDULED
             attributes = {
                 names.PLATFORM: item.event.platform,
                 names.CONVERSATION_ID: spans.conversation_id(item.session_key),

@@ -12,6 +12,7 @@ from typing import Final
 __all__ = [
     "APPROVAL_PAUSE",
     "COMPACTION",
+    "CONTINUATION",
     "CONVERSATION_ID",
     "DOCUMENT",
     "HANDOFF",
@@ -44,6 +45,9 @@ RESEND: Final = "chatflow.resend"
 a new trace linked to the span that recorded it."""
 SCHEDULED: Final = "chatflow.scheduled"
 """A scheduled job's turn: a new trace linked to the span that scheduled it."""
+CONTINUATION: Final = "chatflow.approval_continuation"
+"""The turn after a person decided an approval: a new trace linked to the span of the
+turn that asked."""
 TURN_RECOVERED: Final = "chatflow.recovered"
 """A message re-run from the journal (after a restart, or taken over): a new trace."""
 HANDOFF: Final = "chatflow.handoff"
