@@ -18,12 +18,14 @@ from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.approval_table import MIGRATIONS as APPROVAL_MIGRATIONS
 from bot.gateway.approval_table import TABLE as APPROVALS
 from bot.gateway.approval_table import approval_rows
+from bot.gateway.inbox import Inbox
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import MIGRATIONS, TABLE, Obligation
 from bot.logs import JsonFormatter
 from bot.tracing import spans
 from bot.tracing.otel import parse_traceparent
 from bot.tracing.setup import plan
+from tests.fakes.adapter import make_event
 from tests.fakes.tracing import recording_spans
 
 ENDPOINT = "http://collector:4318"
@@ -222,5 +224,20 @@ async def test_scheduled_jobs_and_approvals_migrate_to_a_traceparent_column(
         assert rows == [(parent,)]
         [old] = await approval_rows(store)
         assert old.traceparent is None
+    finally:
+        await store.close()
+
+
+async def test_a_message_taken_over_links_to_the_receipt_that_journaled_it(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(str(tmp_path / "chatflow.db"))
+    await store.open()
+    try:
+        dead = Inbox(store, owner="dead-process")
+        with recording_spans(), spans.span("chatflow.tx1"):
+            journaled = spans.traceparent()
+            assert await dead.accept(make_event("hello"), session_key="k", session_id="s")
+        taker = Inbox(store, owner="taker")
+        [entry] = await taker.recover(3600, live_owners={"taker"})
+        assert journaled is not None and entry.link == journaled and entry.trace is None
     finally:
         await store.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -55,7 +54,7 @@ from bot.core.streaming import ReplyStream, ask_model
 from bot.core.tools import FunctionTool, ToolContext, error_result
 from bot.core.usage import CallUsage
 from bot.errors import ChatflowError, EmptyAnswerError, MaxToolRoundsError, TurnError
-from bot.tracing import names, spans
+from bot.tracing import genai, names, spans
 
 __all__ = ["OnCommit", "RunResult", "Runner"]
 
@@ -359,7 +358,10 @@ class Runner:
                 checkpoint = session.checkpoint()
                 agent_span = spans.span(
                     f"invoke_agent {session.active_agent.name}",
-                    _agent_attributes(session, metadata),
+                    genai.agent_attributes(
+                        session.active_agent.name,
+                        str((metadata or {}).get("session_key") or session_id),
+                    ),
                 )
                 try:
                     with agent_span as traced:
@@ -636,12 +638,8 @@ class Runner:
         messages = session.history if agent.vision else without_images(session.history)
         tools = agent.tool_specs()
         token = current_agent_name.set(agent.name)
-        attributes: dict[str, spans.AttributeValue] = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": model_name,
-            "gen_ai.provider.name": getattr(model, "provider_name", "offline"),
-            "gen_ai.agent.name": agent.name,
-        }
+        provider = getattr(model, "provider_name", "offline")
+        attributes = genai.chat_attributes(model_name, provider, agent.name)
         try:
             with spans.span(f"chat {model_name}", attributes, kind="client") as traced:
                 response = await ask_model(
@@ -653,7 +651,14 @@ class Runner:
                     messages=messages,
                     tools=tools,
                 )
-                _model_attributes(traced, response)
+                genai.model_answered(
+                    traced,
+                    input_tokens=response.usage.input_tokens,
+                    output_tokens=response.usage.output_tokens,
+                    finish_reason=response.finish_reason,
+                    called_tools=bool(response.tool_calls),
+                    content=response.content,
+                )
         finally:
             current_agent_name.reset(token)
         self.compactor.observe_call(session.session_id, agent, messages, tools, response.usage)
@@ -678,13 +683,9 @@ class Runner:
                 text, target = self._handoff(handoff, handed_off)
                 traced.set("chatflow.handoff.to", target.name if target else "")
             return text, target
-        attributes: dict[str, spans.AttributeValue] = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": call.name,
-            "gen_ai.tool.call.id": call.id,
-        }
+        attributes = genai.tool_attributes(call.name, call.id)
         with spans.span(f"execute_tool {call.name}", attributes) as traced:
-            spans.content(traced, "gen_ai.tool.call.arguments", _arguments_text(call))
+            genai.tool_arguments(traced, call.arguments)
             output, target = await self._run_tool(session, agent, call, inbound_message_id, effects)
             if isinstance(output, str):
                 spans.content(traced, "gen_ai.tool.call.result", output)
@@ -744,30 +745,3 @@ def _unique_ids(
         if original in invalid:
             reasons[call.id] = invalid[original]
     return result, reasons
-
-
-def _agent_attributes(
-    session: SessionContext, metadata: Mapping[str, Any] | None
-) -> dict[str, spans.AttributeValue]:
-    """``invoke_agent``'s attributes: the agent, and the conversation as a hash."""
-    key = (metadata or {}).get("session_key") or session.session_id
-    return {
-        "gen_ai.operation.name": "invoke_agent",
-        "gen_ai.agent.name": session.active_agent.name,
-        names.CONVERSATION_ID: spans.conversation_id(str(key)),
-    }
-
-
-def _model_attributes(traced: spans.SpanHandle, response: ModelResponse) -> None:
-    """A ``chat`` span's answer: token usage and why the model stopped."""
-    usage = response.usage
-    traced.set("gen_ai.usage.input_tokens", usage.input_tokens)
-    traced.set("gen_ai.usage.output_tokens", usage.output_tokens)
-    reason = response.finish_reason or ("tool_calls" if response.tool_calls else "stop")
-    traced.set("gen_ai.response.finish_reasons", (reason,))
-    spans.content(traced, "gen_ai.output.messages", response.content)
-
-
-def _arguments_text(call: ToolCall) -> str:
-    """A tool call's arguments as JSON (content: only with the operator's opt-in)."""
-    return json.dumps(call.arguments, ensure_ascii=False, default=str)

@@ -1,0 +1,77 @@
+"""The GenAI semantic conventions' attributes of the agent, model and tool spans.
+
+Names, counts and hashes only; content (the user's message, the answer, a
+tool's arguments and result) only through ``spans.content``, i.e. only when
+the operator opted in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from bot.tracing import names, spans
+
+__all__ = [
+    "agent_attributes",
+    "chat_attributes",
+    "model_answered",
+    "tool_arguments",
+    "tool_attributes",
+]
+
+
+def agent_attributes(agent: str, conversation_key: str) -> dict[str, spans.AttributeValue]:
+    """``invoke_agent {agent}``: the agent, and the conversation as a hash."""
+    return {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": agent,
+        names.CONVERSATION_ID: spans.conversation_id(conversation_key),
+    }
+
+
+def chat_attributes(model: str, provider: str, agent: str) -> dict[str, spans.AttributeValue]:
+    """``chat {model}``: the model asked, its provider, the agent asking."""
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": model,
+        "gen_ai.provider.name": provider,
+        "gen_ai.agent.name": agent,
+    }
+
+
+def tool_attributes(tool: str, call_id: str) -> dict[str, spans.AttributeValue]:
+    """``execute_tool {tool}``: the tool and the model's id of the call."""
+    return {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.call.id": call_id,
+    }
+
+
+def model_answered(
+    traced: spans.SpanHandle,
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    finish_reason: str | None,
+    called_tools: bool,
+    content: str | None,
+) -> None:
+    """A ``chat`` span's answer: token usage and why the model stopped."""
+    traced.set("gen_ai.usage.input_tokens", input_tokens)
+    traced.set("gen_ai.usage.output_tokens", output_tokens)
+    reason = finish_reason or ("tool_calls" if called_tools else "stop")
+    traced.set("gen_ai.response.finish_reasons", (reason,))
+    spans.content(traced, "gen_ai.output.messages", content)
+
+
+def tool_arguments(traced: spans.SpanHandle, arguments: Mapping[str, Any]) -> None:
+    """A tool call's arguments as JSON, only when the operator opted in to content."""
+    if spans.capturing_content():
+        spans.content(
+            traced,
+            "gen_ai.tool.call.arguments",
+            json.dumps(arguments, ensure_ascii=False, default=str),
+        )
