@@ -24,9 +24,10 @@ from bot.gateway.ledger.obligations import MIGRATIONS, TABLE, Obligation
 from bot.logs import JsonFormatter
 from bot.tracing import spans
 from bot.tracing.otel import parse_traceparent
-from bot.tracing.setup import plan
+from bot.tracing.setup import environment, plan
 from tests.fakes.adapter import make_event
 from tests.fakes.tracing import recording_spans
+from tests.test_cli import _bot
 
 ENDPOINT = "http://collector:4318"
 
@@ -241,3 +242,31 @@ async def test_a_message_taken_over_links_to_the_receipt_that_journaled_it(tmp_p
         assert journaled is not None and entry.link == journaled and entry.trace is None
     finally:
         await store.close()
+
+
+def test_otel_names_in_the_env_file_count_and_the_process_environment_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text(
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://from-file:4318\nOTEL_SERVICE_NAME=file-bot\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "process-bot")
+    merged = environment(env_file)
+    assert merged["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://from-file:4318"
+    assert merged["OTEL_SERVICE_NAME"] == "process-bot"
+
+
+def test_doctor_says_where_traces_go(tmp_path: Path) -> None:
+    def tracing_line() -> str:
+        result = _bot(tmp_path, "doctor")
+        (line,) = [line for line in result.stdout.splitlines() if " tracing: " in line]
+        return line
+
+    assert tracing_line() == "ok   tracing: off (set OTEL_EXPORTER_OTLP_ENDPOINT to export traces)"
+    (tmp_path / ".env").write_text("OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318\n")
+    assert tracing_line() == (
+        "ok   tracing: OTLP/HTTP to http://collector:4318/v1/traces "
+        "(service chatflow, sampler parentbased_always_on)"
+    )

@@ -24,10 +24,12 @@ __all__ = [
 
 def agent_attributes(agent: str, conversation_key: str) -> dict[str, spans.AttributeValue]:
     """``invoke_agent {agent}``: the agent, and the conversation as a hash."""
+    conversation = spans.conversation_id(conversation_key)
     return {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": agent,
-        names.CONVERSATION_ID: spans.conversation_id(conversation_key),
+        names.CONVERSATION_ID: conversation,
+        names.SESSION_ID: conversation,  # Langfuse groups a chat's traces by it
     }
 
 

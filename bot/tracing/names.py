@@ -24,6 +24,7 @@ __all__ = [
     "RESEND",
     "SCHEDULED",
     "SEND",
+    "SESSION_ID",
     "TRANSCRIPTION",
     "TURN_RECOVERED",
     "TX1",
@@ -66,3 +67,4 @@ APPROVAL_PAUSE: Final = "chatflow.approval_pause"
 PLATFORM: Final = "chatflow.platform"
 OUTCOME: Final = "chatflow.send.outcome"
 CONVERSATION_ID: Final = "gen_ai.conversation.id"
+SESSION_ID: Final = "session.id"

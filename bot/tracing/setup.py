@@ -9,7 +9,9 @@ is OpenTelemetry's own reading of the environment: ``OTEL_EXPORTER_OTLP_HEADERS`
 queue and export timeout). Spans go over OTLP/HTTP (protobuf) from the SDK's batch
 thread, never from the event loop.
 
-Off, none of OpenTelemetry is imported: the span helpers stay no-ops.
+The ``OTEL_*`` names may also be in the ``.env`` file the settings come from; the
+process environment wins, as for every setting. Off, none of OpenTelemetry is
+imported: the span helpers stay no-ops.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+from dotenv import dotenv_values
 
 from bot.tracing import spans
 
@@ -27,6 +32,7 @@ __all__ = [
     "Tracing",
     "TracingPlan",
     "configure",
+    "environment",
     "plan",
 ]
 
@@ -59,9 +65,19 @@ class TracingPlan:
         return self.exporter is not None
 
 
+def environment(env_file: Path = Path(".env")) -> dict[str, str]:
+    """The process environment, plus the ``OTEL_*`` names only ``env_file`` sets."""
+    merged = dict(os.environ)
+    if env_file.is_file():
+        for name, value in dotenv_values(env_file).items():
+            if name.upper().startswith("OTEL_") and value is not None:
+                merged.setdefault(name.upper(), value)
+    return merged
+
+
 def plan(env: Mapping[str, str] | None = None) -> TracingPlan:
-    """Read the ``OTEL_*`` settings from ``env`` (default: the process's)."""
-    env = os.environ if env is None else env
+    """Read the ``OTEL_*`` settings from ``env`` (default: ``environment()``)."""
+    env = environment() if env is None else env
     service = env.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
     sampler = env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on"
     if env.get("OTEL_TRACES_SAMPLER_ARG"):
@@ -143,7 +159,16 @@ class Tracing:
 
 
 def configure(env: Mapping[str, str] | None = None) -> Tracing | None:
-    """Switch tracing on if the environment asks (``None``: it stays off, nothing imported)."""
+    """Switch tracing on if the environment asks (``None``: it stays off, nothing imported).
+
+    With ``env`` omitted, ``OTEL_*`` names from ``.env`` join the process environment,
+    where the SDK reads the rest of them (headers, sampler, batch settings).
+    """
+    if env is None:
+        env = environment()
+        for name, value in env.items():
+            if name.startswith("OTEL_"):
+                os.environ.setdefault(name, value)
     chosen = plan(env)
     if not chosen.on:
         return None
