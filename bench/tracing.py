@@ -7,7 +7,9 @@ in three variants, each in a fresh interpreter, rounds alternating:
   ``bot/tracing``, extracted with ``git archive``; skipped without git history);
 - ``off``: this tree with no ``OTEL_*`` set (the shipped default);
 - ``on``: this tree exporting every span over OTLP/HTTP to a local receiver on
-  127.0.0.1 (in this process, a thread that decodes each export and counts its spans).
+  127.0.0.1 (in this process, a thread that decodes each export and counts its spans);
+- ``on, 10 %``: the same with ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at 0.1
+  (one message in ten traced: what a busy deployment would run).
 
 Reported: the best round's messages/s of each, ``on ÷ off`` (target >= 0.95),
 ``off ÷ today`` (no measurable difference: within the rounds' own spread), and the
@@ -161,12 +163,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tmp-tracing-") as scratch, _receiver() as endpoint:
         base = {"BENCH_WARMUP": warmup, "BENCH_MEASURE": measure, "BENCH_TMP": scratch}
         today = _baseline(Path(scratch))
+        traced = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "bench"}
+        sampled = {
+            **traced,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.1",
+        }
         variants: dict[str, tuple[Path, dict[str, str]]] = {
             "off": (ROOT, base),
-            "on": (
-                ROOT,
-                {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "bench"},
-            ),
+            "on": (ROOT, traced),
+            "on, 10 %": (ROOT, sampled),
         }
         if today is not None:
             variants = {"today": (today[0], base), **variants}
@@ -197,7 +203,8 @@ def main() -> int:
         ["variant", "msg/s", "rounds"],
         rows,
     )
-    print(f"on / off = {ratio:.3f} (target >= {TARGET})")
+    sampled_ratio = best["on, 10 %"] / best["off"]
+    print(f"on / off = {ratio:.3f} (target >= {TARGET}); 10 % sampled / off = {sampled_ratio:.3f}")
     if off_today is not None:
         print(f"off / today = {off_today:.3f} (today = {today[1] if today else '?'})")
     print(f"spans received while on: {exported} ({exported / max(on_messages, 1):.1f} per message)")
@@ -211,6 +218,7 @@ def main() -> int:
             "messages_per_s": best,
             "rounds_messages_per_s": spread,
             "on_over_off": ratio,
+            "sampled_10_percent_over_off": sampled_ratio,
             "off_over_today": off_today,
             "today_commit": today[1] if today else None,
             "spans_per_message_on": exported / max(on_messages, 1),

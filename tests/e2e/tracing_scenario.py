@@ -14,6 +14,7 @@ resent. The collector must hold:
   the turn that owed them;
 - a ``traceparent`` on every model request, naming its ``chat`` span;
 - JSON log lines made in a span carrying its trace and span ids;
+- the spans still batched exported when the bot stops (SIGTERM);
 - not one message text, tool argument, answer, chat or user id, or name in any
   attribute.
 """
@@ -191,6 +192,9 @@ async def run_tracing_scenario(
     (crashed,) = [t for t in _receipts(spans) if t not in before]
     await bot.kill()
     telegram.release_hangs()
+    # From now on the batch waits 10 minutes: the resend's span can only arrive
+    # through the flush at a clean stop.
+    bot.env["OTEL_BSP_SCHEDULE_DELAY"] = "600000"
     await bot.start()
     sent = await telegram.wait_for_sent(6, within=30)
     assert sent[-1].text.startswith(RECOVERED_MARKER)
@@ -198,6 +202,8 @@ async def run_tracing_scenario(
     def resent(spans: list[ExportedSpan]) -> bool:
         return any(s.name == "chatflow.resend" for s in spans)
 
+    assert not resent(otlp.spans)
+    assert await bot.stop() == 0
     spans = await otlp.wait_for(resent, within=30)
     (resend,) = _by_name(spans)["chatflow.resend"]
     assert resend.trace_id not in _receipts(spans) and resend.parent_span_id == ""
