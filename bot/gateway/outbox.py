@@ -113,8 +113,12 @@ class Outbox:
             with spans.span(names.SEND, attributes, kind="producer") as traced:
                 await self._send(obligation, traced)
             return
-        name = names.RESEND
-        if obligation.message_ref.startswith("schedule:") and not obligation.needs_marker:
+        # An earlier attempt ran (crashed, failed, or was refused for flood): a resend.
+        again = (
+            obligation.needs_marker or obligation.attempts > 1 or obligation.last_error is not None
+        )
+        name = names.RESEND if again else names.SEND  # SEND: e.g. an operator's message
+        if not again and obligation.message_ref.startswith("schedule:"):
             name = names.SCHEDULED
         attributes["chatflow.send.marker"] = obligation.needs_marker
         with spans.span(

@@ -1,10 +1,10 @@
 """Traces through the gateway (in-process, in-memory exporter): a turn's spans in its
-message's trace, and the continuation after an approval in a new trace linked to the
-turn that asked."""
+message's trace, the continuation after an approval in a new trace linked to the turn
+that asked, and each send's outcome."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -13,11 +13,14 @@ from bot import Agent, Runner, tool
 from bot.config import Settings
 from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.sqlite import SQLiteSessionStore
+from bot.errors import PlatformError
 from bot.gateway.approvals import approval_rows
 from bot.gateway.gateway import Gateway
-from tests.fakes.adapter import make_event
+from tests.fakes.adapter import make_event, transient
 from tests.fakes.button_adapter import ButtonAdapter
 from tests.fakes.tracing import Recorded, recording_spans
+from tests.gateway.conftest import Rig
+from tests.gateway.test_pacing import PacedAdapter
 
 SECRET = b"t" * 32
 
@@ -93,3 +96,35 @@ async def test_the_continuation_after_an_approval_is_a_new_trace_linked_to_the_a
     # Nothing of the conversation in any attribute.
     values = [str(v) for s in recorded.spans for v in (s.attributes or {}).values()]
     assert not [v for v in values if "1001" in v or "Refunded" in v or "user-1" in v]
+
+
+async def test_a_send_span_says_sent_after_a_429_with_its_wait_or_abandoned_with_the_reason(
+    rigs: Callable[..., object],
+) -> None:
+    with recording_spans() as recorded:
+        adapter = PacedAdapter()
+        rig: Rig = await rigs(adapter=adapter)  # type: ignore[misc]
+        adapter.fail_next.append(transient("Too Many Requests", retry_after=0.2))
+        rig.model.add(ScriptedModel.reply("in a moment"))
+        await adapter.deliver(make_event("hi"))
+        await adapter.wait_for_sent(1, timeout=5.0)
+        assert await rig.gateway._dispatcher.drain(5)
+        (sent,) = recorded.named("chatflow.send")
+        assert (sent.attributes or {})["chatflow.send.outcome"] == "sent"
+        assert (sent.attributes or {})["chatflow.send.flood_retries"] == 1
+        (refused,) = sent.events
+        assert refused.name == "chatflow.send.flood_refused"
+        assert (refused.attributes or {})["chatflow.send.retry_after_s"] == 0.2
+
+        blocked = PlatformError(
+            "Forbidden: bot was blocked by user 4242", platform="fake", code=403
+        )
+        adapter.fail_next.append(blocked)
+        rig.model.add(ScriptedModel.reply("are you there?"))
+        await adapter.deliver(make_event("hello again", message_id="m-2"))
+        assert await rig.gateway._dispatcher.drain(5)
+        abandoned = recorded.named("chatflow.send")[-1]
+        attributes = abandoned.attributes or {}
+        assert attributes["chatflow.send.outcome"] == "abandoned"
+        assert attributes["chatflow.send.reason"] == "PlatformError 403"
+        assert "4242" not in str(attributes)
