@@ -464,15 +464,22 @@ class Gateway:
         session_key, session_id = self.taps.route(event) or self.gate.session_of(event)
         # The message's trace begins here (off: a no-op) and ends with its reply's send.
         with spans.span(
-            names.RECEIVE,
-            {
-                names.PLATFORM: platform,
-                names.CONVERSATION_ID: spans.conversation_id(session_key),
-            },
-            kind="server",
-            root=True,
+            names.RECEIVE, self._receipt(event, session_key), kind="server", root=True
         ) as receipt:
             return await self._admit(event, session_key, session_id, admission, receipt)
+
+    def _receipt(self, event: MessageEvent, session_key: str) -> dict[str, spans.AttributeValue]:
+        """The receive span's attributes (empty while tracing is off): the platform, how
+        it delivered (an adapter with webhook routes: ``webhook``, else ``poll``), the
+        conversation as a hash."""
+        if not spans.enabled():
+            return {}
+        adapter = self._adapters.get(event.platform)
+        return {
+            names.PLATFORM: event.platform,
+            "chatflow.receipt": "webhook" if adapter is not None and adapter.routes() else "poll",
+            names.CONVERSATION_ID: spans.conversation_id(session_key),
+        }
 
     async def _admit(
         self,

@@ -144,6 +144,7 @@ async def run_tracing_scenario(
     for trace_id, receipt in receipts.items():
         in_trace = [s for s in spans if s.trace_id == trace_id]
         assert receipt.parent_span_id == ""  # the root of its trace
+        assert receipt.attributes["chatflow.receipt"] == "poll"  # Telegram long polling
         names = [s.name for s in in_trace]
         assert all(names.count(name) == 1 for name in PER_MESSAGE if not name.startswith("chat "))
         assert names.count("chat gpt-test") >= 1
