@@ -1,6 +1,6 @@
 """Traces through the gateway (in-process, in-memory exporter): a turn's spans in its
 message's trace, the continuation after an approval in a new trace linked to the turn
-that asked, and each send's outcome."""
+that asked, each send's outcome, and the media step."""
 
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.errors import PlatformError
 from bot.gateway.approvals import approval_rows
+from bot.gateway.contract import MediaAttachment
 from bot.gateway.gateway import Gateway
 from tests.fakes.adapter import make_event, transient
 from tests.fakes.button_adapter import ButtonAdapter
+from tests.fakes.media_files import ogg_opus_bytes, pdf_bytes
 from tests.fakes.tracing import Recorded, recording_spans
 from tests.gateway.conftest import Rig
+from tests.gateway.test_media_turns import FakeTranscriber
 from tests.gateway.test_pacing import PacedAdapter
 
 SECRET = b"t" * 32
@@ -128,3 +131,40 @@ async def test_a_send_span_says_sent_after_a_429_with_its_wait_or_abandoned_with
         assert attributes["chatflow.send.outcome"] == "abandoned"
         assert attributes["chatflow.send.reason"] == "PlatformError 403"
         assert "4242" not in str(attributes)
+
+
+async def test_the_media_step_is_traced_by_kind_and_size_never_by_name_or_words(
+    rigs: Callable[..., object],
+) -> None:
+    with recording_spans() as recorded:
+        rig: Rig = await rigs()  # type: ignore[misc]
+        media = rig.gateway.turns.media
+        assert media is not None
+        media.transcriber = FakeTranscriber("where is order 1001")
+        rig.adapter.files["voice-1"] = ogg_opus_bytes()
+        rig.adapter.files["doc-1"] = pdf_bytes("Invoice 4471", "Total due: 129.00 EUR")
+        rig.model.add(ScriptedModel.reply("It ships today."))
+        event = make_event(
+            "",
+            media=[
+                MediaAttachment("voice", file_id="voice-1", mime_type="audio/ogg"),
+                MediaAttachment(
+                    "document", file_id="doc-1", mime_type="application/pdf",
+                    file_name="salaries-ana.pdf",
+                ),
+            ],
+        )  # fmt: skip
+        assert await rig.adapter.deliver(event)
+        await rig.adapter.wait_for_sent(1)
+        assert await rig.gateway._dispatcher.drain(5)
+    (receipt,) = recorded.named("chatflow.receive")
+    (heard,) = recorded.named("chatflow.transcription")
+    (read,) = recorded.named("chatflow.document")
+    for span in (heard, read):
+        assert span.context is not None and receipt.context is not None
+        assert span.context.trace_id == receipt.context.trace_id
+        assert (span.attributes or {})["chatflow.media.outcome"] == "ok"
+        assert (span.attributes or {})["chatflow.media.bytes"] > 0
+    assert (read.attributes or {})["chatflow.media.mime"] == "application/pdf"
+    exported = str([dict(s.attributes or {}) for s in recorded.spans])
+    assert "salaries" not in exported and "1001" not in exported and "4471" not in exported
