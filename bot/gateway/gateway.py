@@ -593,9 +593,12 @@ class Gateway:
     async def _work(self, item: InboxEntry | Obligation) -> None:
         if isinstance(item, Obligation):
             self._queued_sends -= 1
-            claimed = await self.ledger.claim(item)
-            if claimed is not None:
-                await self.outbox.send(claimed)
+            # A lane's task keeps the context it was started in (maybe some message's
+            # trace): an owed reply queued here is traced on its own, linked to its owner.
+            with spans.detached():
+                claimed = await self.ledger.claim(item)
+                if claimed is not None:
+                    await self.outbox.send(claimed)
             return
         if item.trace is None:
             # Recovered from the journal, scheduled or continued after an approval: its

@@ -380,8 +380,10 @@ class Turns:
         if adapter is not None:
             text = adapter.format_reply(text, agent or self.runner.starting_agent.name)
 
+        owing = spans.traceparent()  # read here: the store may run the body elsewhere
+
         async def body(tx: Transaction) -> Obligation | None:
-            obligation = await self._record(tx, entry, text)
+            obligation = await self._record(tx, entry, text, traceparent=owing)
             await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
             return obligation
 
@@ -422,6 +424,7 @@ class Turns:
         claimed: bool = True,
         files: Sequence[OutgoingPart] = (),
         buttons: Sequence[Button] = (),
+        traceparent: str | None = None,
     ) -> Obligation | None:
         """Record the reply owed, claimed by this process (sent right after the commit);
         with ``claimed=False`` it is recorded ``pending``, for a lane to claim.
@@ -445,6 +448,7 @@ class Turns:
             message_ref=event.message_id,
             attachments=tuple(files),
             buttons=keyboard,
+            traceparent=traceparent,
         )
         if not await self.ledger.record_in(tx, obligation, claimed=claimed):
             return None

@@ -154,6 +154,9 @@ class OtelBackend:
     def resume(self, carried: Carried) -> AbstractContextManager[object]:
         return self._resume(cast(otel_context.Context, carried))
 
+    def detached(self) -> AbstractContextManager[object]:
+        return self._resume(otel_context.Context())
+
     @contextmanager
     def _resume(self, carried: otel_context.Context) -> Iterator[object]:
         token = otel_context.attach(carried)

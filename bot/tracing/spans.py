@@ -35,6 +35,7 @@ __all__ = [
     "capturing_content",
     "content",
     "conversation_id",
+    "detached",
     "enabled",
     "install",
     "log_ids",
@@ -100,6 +101,8 @@ class Backend(Protocol):
     def capture(self) -> Carried | None: ...
 
     def resume(self, carried: Carried) -> AbstractContextManager[object]: ...
+
+    def detached(self) -> AbstractContextManager[object]: ...
 
     def traceparent(self) -> str | None: ...
 
@@ -189,6 +192,13 @@ def resume(carried: Carried | None) -> AbstractContextManager[object]:
     if backend is None or carried is None:
         return _NOTHING
     return backend.resume(carried)
+
+
+def detached() -> AbstractContextManager[object]:
+    """No current span for the ``with`` block: work of its own (a queued resend) in a
+    task that may have been started inside some message's trace."""
+    backend = _backend
+    return _NOTHING if backend is None else backend.detached()
 
 
 def traceparent() -> str | None:

@@ -17,11 +17,14 @@ from bot.errors import PlatformError
 from bot.gateway.approvals import approval_rows
 from bot.gateway.contract import MediaAttachment
 from bot.gateway.gateway import Gateway
+from bot.tracing import spans
+from bot.tracing.otel import parse_traceparent
 from tests.fakes.adapter import make_event, transient
 from tests.fakes.button_adapter import ButtonAdapter
 from tests.fakes.media_files import ogg_opus_bytes, pdf_bytes
 from tests.fakes.tracing import Recorded, recording_spans
 from tests.gateway.conftest import Rig
+from tests.gateway.ledger.ledger_support import ONE_REPLY
 from tests.gateway.test_media_turns import FakeTranscriber
 from tests.gateway.test_pacing import PacedAdapter
 
@@ -168,3 +171,28 @@ async def test_the_media_step_is_traced_by_kind_and_size_never_by_name_or_words(
     assert (read.attributes or {})["chatflow.media.mime"] == "application/pdf"
     exported = str([dict(s.attributes or {}) for s in recorded.spans])
     assert "salaries" not in exported and "1001" not in exported and "4471" not in exported
+
+
+async def test_a_reply_queued_in_a_lane_started_inside_a_message_trace_gets_its_own_trace(
+    rigs: Callable[..., object],
+) -> None:
+    with recording_spans() as recorded:
+        rig: Rig = await rigs()  # type: ignore[misc]
+        with spans.span("chatflow.tx2"):  # the turn that owed it
+            owing = spans.traceparent()
+            assert await rig.gateway.ledger.record_obligation(**{**ONE_REPLY, "platform": "fake"})
+        [owed] = await rig.gateway.ledger.list_obligations(state="pending")
+        # The lane's task starts inside another message's trace (its receipt queued first).
+        with spans.span("chatflow.receive", root=True):
+            rig.gateway._queue_sends([owed])
+        await rig.adapter.wait_for_sent(1)
+        assert await rig.gateway._dispatcher.drain(5)
+    (receipt,) = recorded.named("chatflow.receive")
+    (send,) = recorded.named("chatflow.send")
+    assert receipt.context is not None and send.context is not None and send.parent is None
+    assert send.context.trace_id != receipt.context.trace_id
+    linked = parse_traceparent(owing)
+    assert linked is not None
+    assert [(ln.context.trace_id, ln.context.span_id) for ln in send.links] == [
+        (linked.trace_id, linked.span_id)
+    ]

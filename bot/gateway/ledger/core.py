@@ -353,6 +353,8 @@ class LedgerCore:
 
         A storage failure is logged and returns ``False`` (the reply is still sent).
         """
+        if "traceparent" not in fields:  # read here: the body may run on another thread
+            fields["traceparent"] = spans.traceparent()
 
         async def body(tx: Transaction) -> bool:
             return await self.record_in(tx, Obligation.owed(**fields))
