@@ -9,7 +9,8 @@ resent. The collector must hold:
 
 - one trace per inbound message, rooted at ``chatflow.receive``, with tx 1, the
   queue wait, ``invoke_agent``, ``chat``, tx 2 and the send (and
-  ``execute_tool schedule_message`` for the reminder);
+  ``execute_tool schedule_message`` for the reminder), the first answer's send
+  refused once with a 429 (an event with the wait) and sent after it;
 - the scheduled message and the resend each in a new trace, linked to tx 2 of
   the turn that owed them;
 - a ``traceparent`` on every model request, naming its ``chat`` span;
@@ -124,6 +125,7 @@ async def run_tracing_scenario(
     extra_secrets: Mapping[str, str] = {},
 ) -> None:
     """Drive the scenario on a started ``bot`` and check everything the collector got."""
+    telegram.inject("sendMessage", Fault.flood(1))  # the first answer: a 429, then resent
     for index, (chat_id, text) in enumerate(CHATS, start=1):
         telegram.push_update(_update(index, chat_id, text))
     # Three answers and the reminder, 2 s after it was asked for.
@@ -161,6 +163,12 @@ async def run_tracing_scenario(
             assert chat.attributes["gen_ai.request.model"] == "gpt-test"
             assert chat.attributes["gen_ai.usage.input_tokens"] > 0
             assert chat.attributes["gen_ai.response.finish_reasons"] in (("stop",), ("tool_calls",))
+    # The 429: an event with the wait on the send that met it, which still went out.
+    floods = [s for s in _by_name(spans)["chatflow.send"] if s.events]
+    assert len(floods) == 1
+    (flood,) = floods
+    assert flood.events == (("chatflow.send.flood_refused", {"chatflow.send.retry_after_s": 1.0}),)
+    assert flood.attributes["chatflow.send.flood_retries"] == 1
     tools = _by_name(spans)["execute_tool schedule_message"]
     assert len(tools) == 1
     asked = tools[0].trace_id
@@ -218,10 +226,12 @@ async def run_tracing_scenario(
     turns = _by_name(spans)["invoke_agent Reminders"]
     assert sorted(t.trace_id for t in turns) == sorted(receipts)
 
-    # Logs made inside a span carry its ids.
+    # Logs made inside a span carry its ids: the flood's line names the send's span.
     records = [json.loads(line) for line in bot.log if line.startswith("{")]
     traced = [r for r in records if "trace_id" in r]
-    assert traced and all(r["trace_id"] in {s.trace_id for s in spans} for r in traced)
+    assert all(r["trace_id"] in {s.trace_id for s in spans} for r in traced)
+    (refused,) = [r for r in records if "refused for flood" in r["message"]]
+    assert (refused["trace_id"], refused["span_id"]) == (flood.trace_id, flood.span_id)
 
     # Privacy: no content, no id, no name in anything exported.
     secrets = [text for _, text in (*CHATS, CRASH_CHAT)]
