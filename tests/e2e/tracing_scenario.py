@@ -202,7 +202,7 @@ async def run_tracing_scenario(
     await bot.kill()
     telegram.release_hangs()
     # From now on the batch waits 10 minutes: the resend's span can only arrive
-    # through the flush at a clean stop.
+    # through the flush at a clean stop (Bot.run's, the SDK's exit hook behind it).
     bot.env["OTEL_BSP_SCHEDULE_DELAY"] = "600000"
     await bot.start()
     sent = await telegram.wait_for_sent(6, within=30)
