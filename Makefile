@@ -12,7 +12,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
 	touch $(STAMP)
 
+# The example agents' knowledge folder is (re)indexed first: unchanged files are skipped,
+# edited ones replaced; a file that fails is named and the bot starts anyway.
 run: $(STAMP)
+	-$(PY) -m bot knowledge add agents/knowledge
 	$(PY) -m bot run
 
 check: lint typecheck

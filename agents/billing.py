@@ -6,8 +6,10 @@ Its tools are ``async`` and move file access to a thread themselves
 crash the gateway re-runs an unanswered message, and the refund must not be
 requested twice.
 
-``request_refund`` also waits for the customer's yes (``needs_approval=True``): the
-model's call ends the turn with "Billing wants to run request_refund with ..." and
+``request_refund`` also waits for the customer's yes (``needs_approval=refund_question``):
+the check first declines what cannot be refunded (an unknown, unpaid or refunded
+invoice: the model reads why, and nobody is asked), else the model's call ends the
+turn with "Shall I open a refund request for invoice INV-2001 (59.90 EUR)? ..." and
 Approve / Deny buttons, and the request is recorded only once approved (in a new
 turn whose inbound id, ``approval:<id>``, is then the idempotency key).
 """
@@ -29,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, TypeAdapter
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bot import Agent, ToolContext, tool
+from bot import Agent, Decline, ToolContext, tool
 
 from ._data import SampleDate, read_data_file
 
@@ -194,7 +196,25 @@ async def get_invoice(invoice_id: str) -> Invoice | str:
 _refunds_lock = threading.Lock()
 
 
-@tool(needs_approval=True)
+async def refund_question(ctx: ToolContext, arguments: dict[str, Any]) -> str | Decline:
+    """``request_refund``'s approval check: a refund that cannot happen is declined before
+    anyone is asked; otherwise the question the customer reads, in their terms."""
+    key = normalise_invoice_id(str(arguments.get("invoice_id", "")))
+    invoice = (await asyncio.to_thread(_load_invoices)).get(key)
+    if invoice is None:
+        return Decline(f"No invoice {key} was found. Ask the customer to check the number.")
+    if invoice.status == "open":
+        return Decline(f"Invoice {key} has not been paid yet, so there is nothing to refund.")
+    if invoice.status == "refunded":
+        return Decline(f"Invoice {key} has already been refunded.")
+    reason = str(arguments.get("reason", "")).strip()
+    question = (
+        f"Shall I open a refund request for invoice {key} ({invoice.amount} {invoice.currency})?"
+    )
+    return f"{question} Your reason: {reason}" if reason else question
+
+
+@tool(needs_approval=refund_question)
 async def request_refund(ctx: ToolContext, invoice_id: str, reason: str) -> RefundRequest | str:
     """Open a refund request for a paid invoice. A billing specialist reviews it.
 

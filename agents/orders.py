@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
-from bot import Agent, tool
+from bot import Agent, search_knowledge, tool
 
 from ._data import SampleDate, read_data_file
 
@@ -98,6 +98,9 @@ You help customers find out where their order is.
   Never guess a date or a carrier.
 - If the order is not found or the number is not valid, say so and ask the
   customer to check the number on their confirmation e-mail.
+- For shipping costs, delivery times and other shipping policy, call
+  search_knowledge and answer from its passages, citing the file they come
+  from, e.g. "(source: shipping.md)".
 - For invoices, payments or refunds, or anything that is not about an order's
   delivery, call transfer_to_triage so the front desk can route the customer.
 
@@ -107,7 +110,7 @@ Keep answers short and friendly.
 order_tracking = Agent(
     name="Order Tracking",
     instructions=ORDER_TRACKING_INSTRUCTIONS,
-    tools=(check_order_status,),
+    tools=(check_order_status, search_knowledge),
     handoff_description="Tracks orders and shipments: delivery, shipping, carriers and parcels.",
 )
 """Specialist for order status; hands back to Triage (wired in ``agents/__init__.py``)."""

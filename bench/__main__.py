@@ -33,6 +33,7 @@ BENCHMARKS = (
     "compaction_cost",
     "realistic",
     "tracing",
+    "knowledge",
 )
 TIMEOUT_SECONDS = 240
 """Hard stop for one benchmark (each is sized to finish well within 2 minutes)."""
@@ -88,6 +89,12 @@ def _realistic_rows() -> list[dict[str, Any]]:
     from bench.realistic import targets as realistic_targets
 
     return [_row(*row) for row in realistic_targets()]
+
+
+def _knowledge_rows() -> list[dict[str, Any]]:
+    from bench.knowledge import targets as knowledge_targets
+
+    return [_row(*row) for row in knowledge_targets()]
 
 
 def targets() -> list[dict[str, Any]]:
@@ -190,6 +197,7 @@ def targets() -> list[dict[str, Any]]:
     )
     rows.extend(_floor_rows())
     rows.extend(_realistic_rows())
+    rows.extend(_knowledge_rows())
     prompt = (read_result("prompt_cost") or {}).get("product")
     share = None if prompt is None else float(prompt["cacheable_share"]) * 100
     rows.append(

@@ -12,6 +12,13 @@ with any earlier request, of which a provider caches whole steps (OpenAI:
 prefixes of at least 1,024 tokens, in 128-token steps). The cacheable share
 over the conversation is judged against issue 27's target (>= 85 %), beside
 the same conversation pruned one turn at a time (``PRUNE_TO_TURNS=MAX_TURNS``).
+
+Memory (issue 39): a ``MEMORY_TURNS``-turn conversation of an agent with the
+memory tools, where the person has a new fact remembered every
+``MEMORY_EVERY`` turns: each request's system prompt carries the memory block
+(``bot.core.long_memory.memory_block``, ``MEMORY_PROMPT_CHARS``' default bound)
+after the instructions. Its cost in prompt tokens and the cacheable share are
+set beside the same conversation without memory; the share must stay >= 85 %.
 """
 
 from __future__ import annotations
@@ -25,11 +32,14 @@ from typing import Any
 from bench.common import print_table, write_result
 from bot.config import Settings
 from bot.core.agent import Agent
+from bot.core.long_memory import Memory, memory_block
 from bot.core.messages import Message, Role, ToolCall
 from bot.core.stores.in_memory import SessionStore
 
 NAME = "prompt_cost"
 TURNS = 150
+MEMORY_TURNS = 100
+MEMORY_EVERY = 10
 TARGET_SHARE = 0.85
 SYSTEM_PROMPT = (
     "You are the order-tracking assistant of an online shop. Answer briefly and politely, "
@@ -107,19 +117,33 @@ def sentence(rng: random.Random, low: int, high: int) -> str:
     return " ".join(words)[:size]
 
 
-async def conversation(max_turns: int, prune_to: int, turns: int = TURNS) -> dict[str, Any]:
-    """Run the conversation; return its token totals."""
+def _fact(n: int, rng: random.Random) -> Memory:
+    text = "prefers " + sentence(rng, 20, 60)
+    return Memory(f"mem_{n:012x}", "me", "telegram", "u", "c", "", True, text, "s", 1.8e9 + n)
+
+
+async def conversation(
+    max_turns: int, prune_to: int, turns: int = TURNS, memory_every: int = 0, bound: int = 0
+) -> dict[str, Any]:
+    """Run the conversation; return its token totals.
+
+    ``memory_every``: a fact is remembered every that many turns (0: no memory), shown
+    in a block of at most ``bound`` characters after the instructions.
+    """
     rng = random.Random(27)
     store = SessionStore(default_max_turns=max_turns, prune_to_turns=prune_to)
     agent = Agent(name="Order Tracking", instructions=SYSTEM_PROMPT)
-    fixed = [json.dumps(t, sort_keys=True) for t in TOOLS] + [
-        json.dumps({"role": "system", "content": SYSTEM_PROMPT})
-    ]
+    tools = [json.dumps(t, sort_keys=True) for t in TOOLS]
+    memories: list[Memory] = []
     seen: list[list[str]] = []
-    total = cached = 0
+    total = cached = block_tokens = 0
 
     def request(session: Any) -> None:
-        nonlocal total, cached
+        nonlocal total, cached, block_tokens
+        block = memory_block(memories, bound)
+        system = f"{SYSTEM_PROMPT}\n\n{block}" if block else SYSTEM_PROMPT
+        block_tokens += tokens(system) - tokens(SYSTEM_PROMPT)
+        fixed = [*tools, json.dumps({"role": "system", "content": system})]
         pieces = fixed + [wire(m) for m in session.history]
         sizes = [tokens(p) for p in pieces]
         best = 0
@@ -153,8 +177,12 @@ async def conversation(max_turns: int, prune_to: int, turns: int = TURNS) -> dic
             answer = sentence(rng, 250, 350)
             session.add_message(Message(role=Role.MODEL, content=answer, agent=agent.name))
             await store.save(session)
+            if memory_every and n % memory_every == memory_every - 1:
+                memories.append(_fact(n, rng))  # remembered in this turn: shown from the next
     await store.close()
     return {
+        "memories": len(memories),
+        "memory_block_tokens": block_tokens,
         "max_turns": max_turns,
         "prune_to_turns": prune_to,
         "requests": len(seen),
@@ -190,8 +218,44 @@ async def main() -> int:
         f"cacheable share {product['cacheable_share']:.1%} (target >= {TARGET_SHARE:.0%}): "
         f"{'PASS' if met else 'MISS'}"
     )
-    write_result(NAME, {"turns": TURNS, "product": product, "one_at_a_time": one_at_a_time})
+    memory = await _memory_figures(settings, high, low)
+    write_result(
+        NAME,
+        {"turns": TURNS, "product": product, "one_at_a_time": one_at_a_time, "memory": memory},
+    )
     return 0
+
+
+async def _memory_figures(settings: Settings, high: int, low: int) -> dict[str, Any]:
+    bound = settings.memory_prompt_chars
+    plain = await conversation(high, low, MEMORY_TURNS)
+    kept = await conversation(high, low, MEMORY_TURNS, MEMORY_EVERY, bound)
+    rows = [
+        [
+            label,
+            f"{r['input_tokens']:,}",
+            f"{r['memory_block_tokens']:,} ({r['memory_block_tokens'] / r['input_tokens']:.1%})",
+            f"{r['cacheable_share']:.1%}",
+        ]
+        for label, r in (
+            ("no memory", plain),
+            (
+                f"a fact every {MEMORY_EVERY} turns ({kept['memories']}, block <= {bound} chars)",
+                kept,
+            ),
+        )
+    ]
+    print_table(
+        f"The memory block over {MEMORY_TURNS} turns",
+        ["conversation", "input tokens", "memory block tokens", "cacheable share"],
+        rows,
+    )
+    met = kept["cacheable_share"] >= TARGET_SHARE
+    print(
+        f"cacheable share with memory {kept['cacheable_share']:.1%} "
+        f"(target >= {TARGET_SHARE:.0%}): {'PASS' if met else 'MISS'}"
+    )
+    return {"turns": MEMORY_TURNS, "every": MEMORY_EVERY, "without": plain, "with": kept}
 
 
 if __name__ == "__main__":

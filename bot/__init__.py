@@ -10,6 +10,7 @@ from bot.core.attachments import Attachment, ToolOutput
 from bot.core.buttons import Button
 from bot.core.compaction import Compaction
 from bot.core.human_handoff import transfer_to_human
+from bot.core.long_memory import forget, memory_tools, recall, remember
 from bot.core.mcp.servers import MCPServer, MCPServerStdio, MCPServerStreamableHttp
 from bot.core.mcp.tools import ToolFilterStatic, create_static_tool_filter
 from bot.core.messages import (
@@ -37,7 +38,7 @@ from bot.core.stores.base import DEFAULT_DEDUP_TTL_HOURS, BaseSessionStore, Sess
 from bot.core.stores.in_memory import SessionStore
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.core.streaming import ReplyStream
-from bot.core.tools import ToolContext, tool
+from bot.core.tools import Decline, ToolContext, tool
 from bot.core.usage import CallUsage
 from bot.core.voice import Voice
 from bot.errors import (
@@ -56,6 +57,7 @@ from bot.errors import (
     TapRefusedError,
     TurnError,
 )
+from bot.knowledge_tools import search_knowledge
 
 __all__ = [
     "DEFAULT_DEDUP_TTL_HOURS",
@@ -71,6 +73,7 @@ __all__ = [
     "Compaction",
     "ConfigurationError",
     "ContactPart",
+    "Decline",
     "DocumentPart",
     "EmptyAnswerError",
     "ImagePart",
@@ -107,9 +110,14 @@ __all__ = [
     "Voice",
     "cancel_scheduled_message",
     "create_static_tool_filter",
+    "forget",
     "list_scheduled_messages",
+    "memory_tools",
+    "recall",
+    "remember",
     "schedule_message",
     "scheduling_tools",
+    "search_knowledge",
     "tool",
     "transfer_to_human",
 ]

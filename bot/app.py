@@ -16,6 +16,7 @@ from typing import IO
 from bot.agents_loader import load_agents
 from bot.config import Settings
 from bot.core.agent import Agent
+from bot.core.knowledge.service import KNOWLEDGE
 from bot.core.models.routing import ModelSettings, default_model_name
 from bot.core.runner import Runner
 from bot.core.stores.base import BaseSessionStore
@@ -25,6 +26,7 @@ from bot.gateway.contract import PlatformAdapter
 from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
+from bot.knowledge_cli import knowledge_settings_from
 from bot.metrics import Metrics
 from bot.server import HttpServer, build_app, listen_socket
 from bot.tracing.setup import configure as configure_tracing
@@ -66,13 +68,16 @@ async def check_polling_alone(settings: Settings, instances: InstanceRegistry) -
 def build_runner(settings: Settings, store: BaseSessionStore) -> Runner:
     """The Runner over the operator's agents; fails early on a model that routes nowhere."""
     starting = load_starting_agent(settings.agents_module)
-    return Runner(
+    runner = Runner(
         starting,
         store,
         model_settings=ModelSettings.from_settings(settings),
         stream_replies=settings.stream_replies,
         compaction=settings.compaction,
     )
+    # search_knowledge's embedder (EMBEDDING_MODEL), if any.
+    runner.tool_services[KNOWLEDGE] = knowledge_settings_from(settings)
+    return runner
 
 
 def build_adapters(

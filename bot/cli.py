@@ -97,6 +97,8 @@ async def _chat(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.gateway.scheduled_jobs import cancel_jobs
+
     store = open_store(settings)
     try:
         if args.action == "list":
@@ -133,12 +135,18 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
             return 1
         metadata = dict(session.metadata)
         await store.delete(args.session_id)
+        # Its scheduled messages go with it: cancelled on reset, erased (texts and chat
+        # ids too) on delete.
+        jobs = await cancel_jobs(
+            store, session_id=args.session_id, erase=args.action == "delete", why=args.action
+        )
+        also = f" ({jobs} scheduled message(s) cancelled)" if jobs else ""
         if args.action == "reset":
             fresh = await store.get_or_create(args.session_id, starting, metadata)
             await store.save(fresh)
-            print(f"reset {args.session_id}")
+            print(f"reset {args.session_id}{also}")
         else:
-            print(f"deleted {args.session_id}")
+            print(f"deleted {args.session_id}{also}")
         return 0
     finally:
         await store.close()
@@ -339,12 +347,30 @@ _LIST_TEXT = 60
 """``schedule list`` cuts a job's text to this many characters."""
 
 
+async def _memory(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.memory_commands import memory
+
+    return await memory(settings, args, _installation_secret)
+
+
+async def _forget_user(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.memory_commands import forget_user
+
+    return await forget_user(settings, args, _installation_secret)
+
+
 async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
-    from bot.core.approvals import short_arguments
-    from bot.gateway.approvals import approval_rows, operator_decide
+    from bot.gateway.approvals import approval_rows, find_approval, operator_decide
 
     store = open_store(settings)
     try:
+        if args.action == "show":
+            found = await find_approval(store, args.approval_id)
+            if found is None:
+                print(f"chatflow: approvals: no approval {args.approval_id}", file=sys.stderr)
+                return 2
+            print(found.describe())
+            return 0
         if args.action in ("approve", "deny"):
             outcome = await operator_decide(store, args.approval_id, args.action)
             if outcome in ("approved", "denied"):
@@ -368,10 +394,11 @@ async def _approvals(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         expires = row.expires_at.isoformat(timespec="seconds").replace("+00:00", "Z")
-        args_text = short_arguments(row.arguments)
+        # The whole arguments: nothing runs on approve that is not printed here.
+        args_text = json.dumps(row.arguments, ensure_ascii=False, sort_keys=True)
         print(
             f"{row.approval_id}  expires {expires}  {row.platform:<9} {row.session_id}  "
-            f"{row.agent}: {row.tool_name}({args_text})"
+            f"{row.agent}: {row.tool_name} {args_text}"
         )
     return 0
 
@@ -558,11 +585,48 @@ def _parser() -> argparse.ArgumentParser:
         "running or not; a running bot goes on within seconds).",
     )
     ap_sub = approvals.add_subparsers(dest="action", required=True, metavar="ACTION")
-    ap_sub.add_parser("list", help="waiting approvals, oldest first")
-    for action, text in (("approve", "run the tool call"), ("deny", "refuse the tool call")):
+    ap_sub.add_parser("list", help="waiting approvals, oldest first, with their whole arguments")
+    for action, text in (
+        ("show", "one approval in full: its state, whole arguments and the tool's result"),
+        ("approve", "run the tool call"),
+        ("deny", "refuse the tool call"),
+    ):
         ap_action = ap_sub.add_parser(action, help=text)
         ap_action.add_argument("approval_id", metavar="ID", help="an id from `approvals list`")
     approvals.set_defaults(handler=_approvals)
+
+    memory = sub.add_parser(
+        "memory",
+        help="list or forget the facts agents remembered (remember tool)",
+        description="Long-term memories (the same database as the bot, running or not).",
+    )
+    m_sub = memory.add_subparsers(dest="action", required=True, metavar="ACTION")
+    m_list = m_sub.add_parser("list", help="every memory, oldest first")
+    m_list.add_argument(
+        "--user",
+        metavar="PLATFORM:USER_ID",
+        default=None,
+        help="only the memories this person made, e.g. telegram:123456789",
+    )
+    m_forget = m_sub.add_parser("forget", help="remove one memory")
+    m_forget.add_argument("memory_id", metavar="ID", help="a memory id from `memory list`")
+    memory.set_defaults(handler=_memory)
+
+    forget_user = sub.add_parser(
+        "forget-user",
+        help="remove everything the bot holds about one person",
+        description="Removes the person's memories, private sessions, journal and ledger "
+        "rows, usage, scheduled jobs, approvals, buttons, pairing and window records and "
+        "media files; their messages in shared group sessions are replaced by a marker. "
+        "Prints what it removed per kind. Asks first on a terminal (--yes: don't).",
+    )
+    forget_user.add_argument(
+        "person",
+        metavar="PLATFORM:USER_ID",
+        help="e.g. telegram:123456789 (a Telegram user id) or whatsapp:15551234567",
+    )
+    forget_user.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    forget_user.set_defaults(handler=_forget_user)
 
     doctor = sub.add_parser(
         "doctor",
@@ -581,6 +645,10 @@ def _parser() -> argparse.ArgumentParser:
     period.add_argument("--since", metavar="YYYY-MM-DD", help="from this UTC day on")
     period.add_argument("--days", type=int, metavar="N", help="the last N UTC days, today included")
     usage.set_defaults(handler=_usage)
+
+    from bot.knowledge_cli import add_knowledge_parser
+
+    add_knowledge_parser(sub)
     return parser
 
 

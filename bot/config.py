@@ -87,6 +87,15 @@ class Settings(BaseSettings):
     attachments_dir: Path | None = None
     """The only folder a tool's ``Attachment(path=...)`` may read (symlinks resolved);
     unset: ``DATA_DIR/outbox``. Never ``DATA_DIR`` itself (the database, the secret)."""
+    max_knowledge_file_bytes: int = Field(default=20 * 1024 * 1024, gt=0)
+    """Largest file ``knowledge add`` takes (bytes); a larger one is named, skipped, and the
+    command exits 1 once the rest is added."""
+    embedding_model: str | None = Field(default=None, min_length=1)
+    """Embedding model for the knowledge base's hybrid search (``/embeddings`` at
+    ``EMBEDDING_BASE_URL``); unset: full-text search only, no model and no network."""
+    embedding_base_url: str | None = None
+    """OpenAI-compatible server for ``EMBEDDING_MODEL`` (Ollama, vLLM, OpenAI); unset:
+    ``OPENAI_BASE_URL``, else OpenAI. The key is ``OPENAI_API_KEY``."""
     voice_replies: Literal["off", "auto", "always"] = "off"
     """Spoken replies: ``off``; ``auto`` answers a voice note with a voice note (text
     otherwise); ``always`` also speaks every reply in a private chat. Speech comes from
@@ -210,7 +219,21 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     """How long a shutdown waits for turns in flight."""
     max_scheduled_per_chat: int = Field(default=20, gt=0)
-    """Messages an agent may have scheduled in one conversation at once (``schedule_message``)."""
+    """Messages agents may have scheduled in one chat at once, all its members together
+    (``schedule_message``)."""
+    min_repeat_seconds: float = Field(default=300.0, ge=60)
+    """The least time between two runs of a repeating scheduled message; a schedule that
+    repeats more often is refused."""
+    schedule_timezone: str = "UTC"
+    """IANA time zone (``Europe/Berlin``) of repeating schedules when the model names
+    none; repeats keep their local time across daylight-saving changes."""
+    max_memories_per_person: int = Field(default=200, gt=0)
+    """Facts one person may have the bot remember (``remember``), both kinds together."""
+    max_memory_chars: int = Field(default=500, gt=0)
+    """Longest fact ``remember`` keeps, in characters; a longer one is refused."""
+    memory_prompt_chars: int = Field(default=2000, ge=0)
+    """Characters of remembered facts shown to the model after its instructions each turn
+    (agents with the memory tools, or ``Agent(memory=True)``); 0: none."""
     schedule_max_lateness_seconds: float = Field(default=86_400.0, gt=0)
     """A scheduled message found later than this (the bot was down) is dropped, not sent."""
     button_ttl_seconds: float = Field(default=86_400.0, gt=0)
@@ -299,6 +322,14 @@ class Settings(BaseSettings):
             except ValueError as exc:
                 raise ValueError(f"{exc} (write 10.0.0.5, 10.0.0.0/8 or *)") from None
         return ",".join(entries)
+
+    @field_validator("schedule_timezone")
+    @classmethod
+    def _check_schedule_timezone(cls, value: str) -> str:
+        from bot.core.scheduling import load_timezone
+
+        load_timezone(value)  # an unknown zone stops start-up here, in one line
+        return value.strip()
 
     @field_validator("database_url")
     @classmethod

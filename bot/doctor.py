@@ -130,7 +130,9 @@ def _check_approvals(loaded: LoadedAgents) -> CheckResult:
     gated = []
     for agent in loaded.starting_agent.reachable_agents():
         names = [
-            t.name if t.needs_approval is True else f"{t.name} (when its check says so)"
+            t.name
+            if t.needs_approval is True or isinstance(t.needs_approval, str)
+            else f"{t.name} (when its check says so)"
             for t in agent.function_tools
             if t.gated
         ]
@@ -167,6 +169,44 @@ def _check_tracing() -> CheckResult:
     or why it is off; a warning when message content is captured."""
     chosen = tracing_plan()
     return CheckResult("tracing", True, chosen.reason, warning=chosen.capture_content)
+
+
+async def _check_knowledge(settings: Settings, loaded: LoadedAgents) -> CheckResult:
+    """The knowledge base: its size, its search mode, and a warning when agents search an
+    empty base or ``EMBEDDING_MODEL`` is set where vectors cannot be stored."""
+    from bot.core.knowledge.index import list_sources
+    from bot.core.knowledge.service import KnowledgeBase
+    from bot.knowledge_cli import knowledge_settings_from
+
+    users = [
+        agent.name
+        for agent in loaded.starting_agent.reachable_agents()
+        if any(t.name == "search_knowledge" for t in agent.function_tools)
+    ]
+    store = open_store(settings)
+    try:
+        await store.open()
+        base = KnowledgeBase(store, knowledge_settings_from(settings).embedder)
+        sources = await list_sources(store)
+        vectors = await base.vectors_ready()
+    finally:
+        await store.close()
+    size = f"{len(sources)} sources, {sum(s.chunk_count for s in sources)} passages"
+    mode = f"hybrid ({settings.embedding_model})" if vectors else "full text"
+    if base.vectors_unavailable:
+        return CheckResult(
+            "knowledge", True, f"{size}; full text only: {base.vectors_unavailable}", warning=True
+        )
+    if users and not sources:
+        return CheckResult(
+            "knowledge",
+            True,
+            f"{', '.join(users)} search it, but it is empty: "
+            "python -m bot knowledge add PATH (make run adds agents/knowledge)",
+            warning=True,
+        )
+    used = f"searched by {', '.join(users)}" if users else "no agent has search_knowledge"
+    return CheckResult("knowledge", True, f"{size}; {mode}; {used}")
 
 
 async def _check_mcp(loaded: LoadedAgents) -> list[CheckResult]:
@@ -286,6 +326,10 @@ async def run_checks(settings: Settings) -> int:
             results.extend(await _check_models(settings, loaded, client))
             results.append(_check_approvals(loaded))
             results.append(_check_voice(settings, loaded))
+            if data_dir.ok or settings.database_dialect == "postgres":
+                results.append(
+                    await _guard("knowledge", lambda: _check_knowledge(settings, loaded))
+                )
             results.extend(await _check_mcp(loaded))
         if settings.telegram_enabled:
             results.append(await _guard("telegram", lambda: _check_telegram(settings, client)))

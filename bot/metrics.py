@@ -85,6 +85,20 @@ class Metrics:
             "Scheduled messages not sent: over SCHEDULE_MAX_LATENESS_SECONDS late",
             registry=r,
         )
+        self.scheduled_failed = Counter(
+            "chatflow_scheduled_failed",
+            "Scheduled jobs set aside (state failed): their next time could not be computed, "
+            "or firing them failed; the other jobs go on",
+            registry=r,
+        )
+        self.scheduled_skipped = Counter(
+            "chatflow_scheduled_skipped",
+            "Scheduled occurrences not sent, by reason: over budget (the person who scheduled "
+            "a run_agent job is over MAX_TOKENS_PER_SENDER_PER_DAY), no access (they were "
+            "revoked: the job is cancelled)",
+            ["reason"],
+            registry=r,
+        )
         self.approvals = Counter(
             "chatflow_approvals",
             "Tool calls that waited for approval, by event: requested, approved, denied, expired",

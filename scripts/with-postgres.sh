@@ -37,6 +37,17 @@ if [ -z "$initdb_path" ]; then
 fi
 bindir=$(dirname "$initdb_path")
 
+# The knowledge base's vectors (EMBEDDING_MODEL) need pgvector: installed when Debian
+# packages it for this server version (bookworm does not for 15; its tests then run
+# full-text only and say so).
+major=$(basename "$(dirname "$bindir")")
+if [ "$(id -u)" -eq 0 ] && command -v apt-cache >/dev/null 2>&1 \
+    && [ ! -e "/usr/share/postgresql/$major/extension/vector.control" ] \
+    && apt-cache show "postgresql-$major-pgvector" >/dev/null 2>&1; then
+    echo "with-postgres: installing postgresql-$major-pgvector" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "postgresql-$major-pgvector" >/dev/null || true
+fi
+
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/chatflow-pg.XXXXXX")
 as_server_user() {
     if [ "$(id -u)" -eq 0 ]; then

@@ -174,3 +174,25 @@ def test_run_as_a_service_with_no_platform_stops_with_one_line(tmp_path: Path) -
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "TELEGRAM_BOT_TOKEN" in lines[0] and "WHATSAPP_PHONE_ID" in lines[0]
+
+
+def test_doctor_says_what_the_knowledge_base_holds(tmp_path: Path) -> None:
+    def knowledge_line(**env: str) -> str:
+        (line,) = [
+            line
+            for line in _bot(tmp_path, "doctor", **env).stdout.splitlines()
+            if "knowledge" in line
+        ]
+        return line
+
+    assert knowledge_line() == (
+        "WARN knowledge: Triage, Order Tracking search it, but it is empty: "
+        "python -m bot knowledge add PATH (make run adds agents/knowledge)"
+    )
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "faq.md").write_text("# FAQ\n\nWe ship worldwide.")
+    assert _bot(tmp_path, "knowledge", "add", str(docs)).returncode == 0
+    assert knowledge_line() == (
+        "ok   knowledge: 1 sources, 1 passages; full text; searched by Triage, Order Tracking"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -25,7 +26,13 @@ def _sqlite(tmp_path: Path) -> SQLiteSessionStore:
     return SQLiteSessionStore(str(tmp_path / "data" / "chatflow.db"))
 
 
-async def _pending(tmp_path: Path, approval_id: str, *, ttl: float = 3600) -> None:
+async def _pending(
+    tmp_path: Path,
+    approval_id: str,
+    *,
+    ttl: float = 3600,
+    arguments: dict[str, object] | None = None,
+) -> None:
     store = _sqlite(tmp_path)
     now = time.time()
     async with store.transaction() as tx:
@@ -40,7 +47,7 @@ async def _pending(tmp_path: Path, approval_id: str, *, ttl: float = 3600) -> No
                 "agent:main:whatsapp:dm:chat_x",
                 "whatsapp-0123456789abcdef",
                 PHONE,
-                '{"amount": 25, "order_id": "1001"}',
+                json.dumps(arguments or {"amount": 25, "order_id": "1001"}),
                 now,
                 now + ttl,
             ),
@@ -76,8 +83,23 @@ async def test_list_shows_the_waiting_call_without_the_chat_id(tmp_path: Path) -
     [line] = out.splitlines()
     assert line.startswith("a1b2c3d4e5f6  expires ")
     assert "whatsapp-0123456789abcdef" in line
-    assert line.endswith("Billing: refund(amount=25, order_id=1001)")
+    assert line.endswith('Billing: refund {"amount": 25, "order_id": "1001"}')
     assert PHONE not in out
+
+
+async def test_list_and_show_print_the_whole_arguments(tmp_path: Path) -> None:
+    """G5: what runs on approve is printed whole, however long (list and show)."""
+    to = "anna@example-customer.com,billing@example-customer.com,exfil@evil.example"
+    await _pending(tmp_path, "a1b2c3d4e5f6", arguments={"to": to, "body": "x" * 500})
+    code, out, err = _approvals(tmp_path, "list")
+    assert code == 0, err
+    assert "exfil@evil.example" in out and "x" * 500 in out
+    code, out, err = _approvals(tmp_path, "show", "a1b2c3d4e5f6")
+    assert code == 0, err
+    assert out.splitlines()[0] == "approval a1b2c3d4e5f6: pending"
+    assert f'"to": "{to}"' in out and "x" * 500 in out and PHONE not in out
+    code, out, err = _approvals(tmp_path, "show", "nope")
+    assert code == 2 and "no approval nope" in err
 
 
 async def test_approve_decides_once_and_journals_the_turn(tmp_path: Path) -> None:
@@ -110,7 +132,8 @@ async def test_a_decision_after_the_expiry_time_expires_it(tmp_path: Path) -> No
 def test_doctor_lists_the_tools_that_wait_for_approval(tmp_path: Path) -> None:
     result = _bot(tmp_path, "doctor")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "ok   approvals: Billing: request_refund\n" in result.stdout
+    # The refund's check first declines what cannot be refunded (an unpaid invoice).
+    assert "ok   approvals: Billing: request_refund (when its check says so)\n" in result.stdout
 
 
 def test_doctor_says_which_tools_ask_only_sometimes_and_when_none_asks() -> None:

@@ -181,3 +181,49 @@ async def test_on_postgres_list_and_cancel(pg_dsn: str, tmp_path: Path) -> None:
         await _cancelled_is_never_fired(store, tmp_path, DATABASE_URL=pg_dsn)
     finally:
         await store.close()
+
+
+async def test_sessions_reset_cancels_and_delete_erases_the_conversations_jobs(
+    tmp_path: Path,
+) -> None:
+    """G4: the operator's reset stops a conversation's reminders; delete, the erasure
+    tool, leaves none of its jobs' texts or chat ids behind. Other chats keep theirs."""
+    from agents.reminders import reminders
+
+    store = _sqlite(tmp_path)
+    for route in (DM, TOPIC):
+        await store.save(await store.get_or_create(route.session_id, reminders))
+    await _jobs(store)  # two jobs in the DM conversation, one in the topic
+    async with store.transaction() as tx:
+        await tx.execute(
+            "UPDATE chatflow_scheduled_jobs SET state = 'fired' WHERE id = ?", ("job_later",)
+        )
+    await store.close()
+    env = {"AGENTS_MODULE": "agents.reminders"}
+
+    reset = _bot(tmp_path, "sessions", "reset", TOPIC.session_id, **env)
+    assert reset.returncode == 0, reset.stderr
+    assert reset.stdout == f"reset {TOPIC.session_id} (1 scheduled message(s) cancelled)\n"
+    deleted = _bot(tmp_path, "sessions", "delete", DM.session_id, **env)
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout == f"deleted {DM.session_id} (1 scheduled message(s) cancelled)\n"
+    store = _sqlite(tmp_path)
+    try:
+        assert await _states(store) == {"job_soon": "cancelled"}
+        async with store.transaction() as tx:
+            rows = await tx.fetchall(
+                "SELECT 1 FROM chatflow_scheduled_jobs WHERE chat_id = ?", (PHONE,)
+            )
+        assert rows == []
+    finally:
+        await store.close()
+
+
+def test_an_unknown_schedule_timezone_stops_start_up_with_one_line(tmp_path: Path) -> None:
+    """G12: SCHEDULE_TIMEZONE is checked before anything starts (run, doctor, every command)."""
+    result = _bot(tmp_path, "sessions", "list", SCHEDULE_TIMEZONE="Europe/Berln")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "chatflow: configuration error: SCHEDULE_TIMEZONE: 'Europe/Berln' is not an IANA "
+        "time zone name (e.g. UTC, Europe/Berlin, America/New_York)"
+    ]

@@ -69,7 +69,9 @@ def test_the_readme_prompts_both_get_tool_answers_in_one_conversation(tmp_path: 
     assert "status: shipped, carrier: DHL Express" in order
     # Order Tracking hands the refund back to Triage, which routes it on to Billing,
     # whose refund tool asks first, then records the request once approved.
-    assert question.startswith("[Billing] Billing wants to run request_refund with invoice_id=")
+    assert question.startswith(
+        "[Billing] Shall I open a refund request for invoice INV-2001 (59.90 EUR)? Your reason: "
+    )
     assert (blank, approve, deny, approved) == ("", "1. Approve", "2. Deny", "(Approved.)")
     assert refund.startswith("[Billing] [offline demo] I checked request refund:")
     assert "invoice_id: INV-2001" in refund and "state: received" in refund
@@ -79,7 +81,7 @@ def test_the_readme_prompts_both_get_tool_answers_in_one_conversation(tmp_path: 
 def test_the_readme_prompts_also_work_the_other_way_round(tmp_path: Path) -> None:
     lines = _chat(tmp_path, REFUND, "Approve", ORDER)
 
-    assert lines[0].startswith("[Billing] Billing wants to run request_refund")
+    assert lines[0].startswith("[Billing] Shall I open a refund request for invoice INV-2001")
     assert lines[5].startswith("[Billing] [offline demo] I checked request refund:")
     # "#1001" after "order" is no invoice number: Billing hands it back to Triage.
     assert lines[6].startswith("[Order Tracking] [offline demo] I checked check order status:")
@@ -194,3 +196,17 @@ def test_the_rate_limit_notice_is_not_labelled_as_an_agent(tmp_path: Path) -> No
 
     assert answer.startswith("[Triage] ")
     assert notice.startswith("You are sending messages faster than I can answer.")
+
+
+def test_the_demo_answers_a_policy_question_from_agents_knowledge_and_cites_the_file(
+    tmp_path: Path,
+) -> None:
+    """What ``make run`` does: add ``agents/knowledge``, then the offline demo answers."""
+    added = _bot(tmp_path, "knowledge", "add", "agents/knowledge", stdin="")
+    assert added.returncode == 0, added.stderr
+
+    (answer,) = _chat(tmp_path, "What are your opening hours on Saturday?")
+
+    assert answer.startswith("[Triage] [offline demo] According to opening-hours.md")
+    assert "Saturday from 10:00 to 14:00" in answer
+    assert answer.endswith("(source: opening-hours.md)")

@@ -67,15 +67,22 @@ LIBRARY_NAMES = {
     "ReplyStream",
     # Reminders: the opt-in tools an agent schedules messages to its chat with.
     "schedule_message",
+    "search_knowledge",
     "list_scheduled_messages",
     "cancel_scheduled_message",
     "scheduling_tools",
+    # Long-term memory (issue #39): bot.memory_tools.
+    "remember",
+    "recall",
+    "forget",
+    "memory_tools",
     # Buttons: choices a tool offers under the reply (issue #29), and a refused tap.
     "Button",
     "TapRefusedError",
     # Approvals: a gated tool call waits (RunResult.pending_approval, issue #29).
     "PendingApproval",
     "ApprovalError",
+    "Decline",  # a needs_approval check refusing before asking (issue #36)
     # Voice replies: how an agent's replies are spoken (issue #31).
     "Voice",
     # Compaction: when an agent's long conversations are summarised (issue #30).

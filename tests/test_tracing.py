@@ -179,8 +179,8 @@ async def test_the_ledger_migrates_and_keeps_the_owing_span(tmp_path: Path) -> N
     store = SQLiteSessionStore(str(tmp_path / "old.db"))
     await store.open()
     try:
-        async with store.transaction() as tx:  # the ledger as version 3 left it
-            await ensure_schema(tx, "delivery_ledger", {v: MIGRATIONS[v] for v in (1, 2, 3)})
+        async with store.transaction() as tx:  # the ledger as version 4 left it
+            await ensure_schema(tx, "delivery_ledger", {v: MIGRATIONS[v] for v in (1, 2, 3, 4)})
             await tx.execute(
                 f"INSERT INTO {TABLE} (obligation_id, session_key, session_id, platform, "
                 "chat_id, message_ref, content, state, owner_pid, owner_instance, created_at, "
@@ -207,9 +207,9 @@ async def test_scheduled_jobs_and_approvals_migrate_to_a_traceparent_column(
     store = SQLiteSessionStore(str(tmp_path / "old.db"))
     await store.open()
     try:
-        async with store.transaction() as tx:  # both tables as version 1 left them
-            await ensure_schema(tx, "scheduled_jobs", {1: JOB_MIGRATIONS[1]})
-            await ensure_schema(tx, "approvals", {1: APPROVAL_MIGRATIONS[1]})
+        async with store.transaction() as tx:  # both as the release before tracing left them
+            await ensure_schema(tx, "scheduled_jobs", {v: JOB_MIGRATIONS[v] for v in (1, 2)})
+            await ensure_schema(tx, "approvals", {v: APPROVAL_MIGRATIONS[v] for v in (1, 2)})
             await tx.execute(
                 f"INSERT INTO {APPROVALS} (id, session_key, session_id, platform, chat_id, "
                 "sender_ref, agent, tool_name, call_id, arguments_json, state, created_at, "
@@ -217,7 +217,7 @@ async def test_scheduled_jobs_and_approvals_migrate_to_a_traceparent_column(
                 "'{}', 'pending', 1.0, 2.0)"
             )
         parent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
-        route = JobRoute("k", "s", "fake", "c", None, parent)
+        route = JobRoute("k", "s", "fake", "c", None, traceparent=parent)
         async with store.transaction() as tx:
             added, _ = await apply_in(tx, [ScheduleRequest("job_1", "ping", 5.0)], route, 1.0)
             assert added == 1

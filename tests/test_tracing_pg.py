@@ -27,9 +27,9 @@ async def test_an_older_postgres_database_gains_the_columns_and_keeps_its_rows(
 ) -> None:
     async with PostgresSessionStore(pg_dsn) as store:
         async with store.transaction() as tx:  # the tables as the previous release left them
-            await ensure_schema(tx, "delivery_ledger", {v: MIGRATIONS[v] for v in (1, 2, 3)})
-            await ensure_schema(tx, "scheduled_jobs", {1: JOB_MIGRATIONS[1]})
-            await ensure_schema(tx, "approvals", {1: APPROVAL_MIGRATIONS[1]})
+            await ensure_schema(tx, "delivery_ledger", {v: MIGRATIONS[v] for v in (1, 2, 3, 4)})
+            await ensure_schema(tx, "scheduled_jobs", {v: JOB_MIGRATIONS[v] for v in (1, 2)})
+            await ensure_schema(tx, "approvals", {v: APPROVAL_MIGRATIONS[v] for v in (1, 2)})
             await ensure_schema(tx, "inbox", {v: INBOX_MIGRATIONS[v] for v in (1, 2)})
             await tx.execute(
                 f"INSERT INTO {TABLE} (obligation_id, session_key, session_id, platform, "
@@ -58,7 +58,7 @@ async def test_an_older_postgres_database_gains_the_columns_and_keeps_its_rows(
             )
             async with store.transaction() as tx:
                 assert await ledger.record_in(tx, obligation)
-                route = JobRoute("k", "s", "fake", "c", None, owing)
+                route = JobRoute("k", "s", "fake", "c", None, traceparent=owing)
                 await apply_in(tx, [ScheduleRequest("job_1", "ping", 5.0)], route, 1.0)
             assert await dead.accept(make_event("hello"), session_key="k", session_id="s")
         new = await ledger.get("o-new")

@@ -7,7 +7,8 @@ exists, so every console path answers 404. One module per concept:
 server-side), ``guard`` (the door of every route), ``queries`` (read-only SQL),
 ``views`` (pages and actions), ``api`` (the same reads as JSON, for scripts),
 ``webchat`` (the web channel), ``sse`` (live transcripts), ``templating``
-(Jinja2 templates and static files, shipped as package data).
+(Jinja2 templates and static files, shipped as package data), ``memory_page``
+(remembered facts, and ``forget-user`` with a confirmation).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from bot.console import queries
 from bot.console.api import ConsoleApi
 from bot.console.auth import ConsoleAuth
 from bot.console.guard import Guard
+from bot.console.memory_page import MemoryViews, forget_person
 from bot.console.sessions import ConsoleSessions
 from bot.console.templating import ConsoleAssets
 from bot.console.views import ConsoleServices, ConsoleViews
@@ -73,6 +75,7 @@ async def console_routes(
         prices=await read_prices(gateway.settings.model_prices),
         compact=gateway.turns.runner.compact,
         decide_approval=functools.partial(gateway.approvals.decide, by="operator"),
+        forget_person=functools.partial(forget_person, gateway, secret),
     )
     sessions = ConsoleSessions(gateway.store)
     await sessions.open()
@@ -80,4 +83,5 @@ async def console_routes(
     return [
         *ConsoleViews(services, guard, assets, prefix).routes(),
         *ConsoleApi(services, guard, prefix).routes(),
+        *MemoryViews(services, guard, assets, prefix).routes(),
     ]

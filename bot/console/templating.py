@@ -52,8 +52,10 @@ _TEMPLATES: Final = (
     "live.html",
     "ledger.html",
     "scheduled.html",
+    "knowledge.html",
     "approvals.html",
     "web.html",
+    "memory.html",
 )
 
 

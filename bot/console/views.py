@@ -27,6 +27,7 @@ from bot.console.sse import transcript_stream
 from bot.console.templating import STATIC_TYPES, ConsoleAssets
 from bot.console.webchat import WEB_PLATFORM, WebChannel
 from bot.core.approvals import short_arguments
+from bot.core.knowledge.index import list_sources
 from bot.core.parts import describe_size
 from bot.core.prices import Prices
 from bot.core.stores.base import TransactionalStore
@@ -96,6 +97,9 @@ class ConsoleServices:
     decide_approval: Callable[[str, Literal["approve", "deny"]], Awaitable[str]] | None = None
     """The operator's Approve / Deny of a gated tool call (``Approvals.decide``); ``None``:
     the Approvals page only lists."""
+    forget_person: Callable[[str], Awaitable[list[str]]] | None = None
+    """``forget-user``: erases one person (``PLATFORM:USER_ID``), returning what it removed
+    per kind (``bot.gateway.erasure``); ``None``: the Memory page only lists."""
 
 
 class ConsoleViews:
@@ -134,6 +138,7 @@ class ConsoleViews:
             Route(f"{p}/scheduled", wrap(self.scheduled, page=True), methods=["GET"]),
             Route(f"{p}/scheduled/{{jid}}/cancel", wrap(self.cancel_job), methods=["POST"]),
             Route(f"{p}/approvals", wrap(self.approvals, page=True), methods=["GET"]),
+            Route(f"{p}/knowledge", wrap(self.knowledge, page=True), methods=["GET"]),
             Route(f"{p}/approvals/{{aid}}/{{choice}}", wrap(self.decide), methods=["POST"]),
             Route(f"{p}/web", wrap(self.web_page, page=True), methods=["GET"]),
             Route(f"{p}/web", wrap(self.web_start), methods=["POST"]),
@@ -502,6 +507,15 @@ class ConsoleViews:
         if _JOB_ID_RE.fullmatch(jid):
             await cancel_job(self.services.store, jid)
         return self._back("/scheduled")
+
+    # -- knowledge ------------------------------------------------------------------
+
+    async def knowledge(
+        self, request: Request, who: Principal, form: Mapping[str, str]
+    ) -> Response:
+        """The knowledge base's sources (``knowledge list``): passages and when added."""
+        sources = await list_sources(self.services.store)
+        return await self._page("knowledge.html", who, sources=sources)
 
     # -- approvals ------------------------------------------------------------------
 

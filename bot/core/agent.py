@@ -126,6 +126,10 @@ class Agent:
     compaction: Compaction | None = None
     """When this agent's long conversations are summarised (``Compaction(trigger_tokens=...)``);
     ``None`` takes ``COMPACTION_TRIGGER_TOKENS`` & co., and without those only pruning runs."""
+    memory: bool | int | None = None
+    """The remembered facts shown after the instructions (``bot.core.long_memory``):
+    ``None`` shows them (``MEMORY_PROMPT_CHARS`` at most) if the agent has a memory tool,
+    ``False`` never, ``True`` always, a number of characters sets the bound."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -165,6 +169,11 @@ class Agent:
         if self.compaction is not None and not isinstance(self.compaction, Compaction):
             raise TypeError(
                 f"Agent {self.name!r}: compaction must be a Compaction, not {self.compaction!r}"
+            )
+        if self.memory is not None and (not isinstance(self.memory, bool | int) or self.memory < 0):
+            raise ValueError(
+                f"Agent {self.name!r}: memory must be True, False, None or a number of "
+                f"characters >= 0, not {self.memory!r}"
             )
         names: dict[str, str] = {}
         for item in self.function_tools:

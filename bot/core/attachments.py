@@ -116,6 +116,11 @@ class ToolOutput:
     buttons: Sequence[str | Button] = ()
     """Choices shown under the turn's final reply (strings are labels); normalised to
     ``tuple[Button, ...]``. More than ``MAX_BUTTONS`` is an error result for the tool."""
+    anyone_may_tap: bool = False
+    """False (the default): the keyboard belongs to the person the turn answered; in a
+    group another member's tap is refused ("Only the person who asked can answer
+    this."). True: any member may tap it (a poll for the whole group); the first tap
+    answers it, in the conversation that showed it, as the tapper's message."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):

@@ -35,6 +35,7 @@ from bot.core.buttons import Button, offer_buttons
 from bot.core.compaction import Compaction
 from bot.core.compactor import CompactionOutcome, CompactionPlans, Compactor
 from bot.core.ids import log_session_id
+from bot.core.long_memory.block import system_prompt
 from bot.core.mcp.lifecycle import close_servers, connect_servers
 from bot.core.mcp.servers import MCPServer
 from bot.core.messages import ImagePart, Message, MessagePart, Role, ToolCall
@@ -46,7 +47,7 @@ from bot.core.models.routing import (
     default_model_name,
 )
 from bot.core.parts import NO_VISION_NOTE, without_images
-from bot.core.session import SessionContext
+from bot.core.session import SessionCheckpoint, SessionContext
 from bot.core.sql import Transaction
 from bot.core.stores.base import BaseSessionStore, require_transactional
 from bot.core.stores.in_memory import SessionStore
@@ -64,9 +65,20 @@ _INBOUND_ID_KEY = "inbound_message_id"
 
 # Set by resume_async around run_async, so both kinds of turn share one implementation
 # of the lock, checkpoint, rollback and save (and run_async's signature stays the user's).
-_resuming: contextvars.ContextVar[tuple[PendingApproval, ApprovalDecision] | None] = (
-    contextvars.ContextVar("chatflow_resuming", default=None)
+_resuming: contextvars.ContextVar[_Resume | None] = contextvars.ContextVar(
+    "chatflow_resuming", default=None
 )
+
+OnToolRan = Callable[[Transaction, str], Awaitable[None]]
+"""``async (transaction, result) -> None``: runs in the commit that records an approved
+call and its result right after the tool returned (``Runner.resume_async(on_ran=...)``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Resume:
+    pending: PendingApproval
+    decision: ApprovalDecision
+    on_ran: OnToolRan | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,8 @@ class RunResult:
     """Requests the turn's tools left for its commit (``ToolContext.effects``), in order."""
     buttons: tuple[Button, ...] = ()
     """Choices shown under the final reply: those of the turn's last tool output with any."""
+    anyone_may_tap: bool = False
+    """That tool output's ``anyone_may_tap``: any member of a group may tap ``buttons``."""
     pending_approval: PendingApproval | None = None
     """Set when the turn ended on a tool call that waits for approval (``content`` asks
     the person; ``buttons`` are Approve / Deny): decide with ``Runner.resume_async``."""
@@ -116,6 +130,7 @@ class _Turn:
     attachments: list[OutgoingPart] = field(default_factory=list)
     effects: list[object] = field(default_factory=list)
     buttons: tuple[Button, ...] = ()
+    anyone_may_tap: bool = False
 
     def add(self, message: Message) -> None:
         self.session.add_message(message)
@@ -140,6 +155,7 @@ class _Turn:
             attachments=self.attachments,
             effects=self.effects,
             buttons=self.buttons if pending is None else approval_buttons(pending),
+            anyone_may_tap=self.anyone_may_tap and pending is None,
             pending_approval=pending,
         )
 
@@ -355,21 +371,23 @@ class Runner:
                 session = await self._load(session_id)
                 if on_commit is not None:  # before the model runs, not at the save
                     require_transactional(self.store, "run_async(on_commit=...)")
-                checkpoint = session.checkpoint()
-                agent_span = spans.span(
-                    f"invoke_agent {session.active_agent.name}",
-                    genai.agent_attributes(
-                        session.active_agent.name,
-                        str((metadata or {}).get("session_key") or session_id),
-                    ),
-                )
+                # The last committed state: the turn's start, or the approved call it
+                # committed on the way (resume_async's on_ran).
+                rollback = [session.checkpoint()]
                 try:
-                    with agent_span as traced:
+                    agent = session.active_agent.name
+                    with genai.agent_span(agent, metadata, session_id) as traced:
                         if metadata:
                             session.metadata.update(metadata)
                         spans.content(traced, "gen_ai.input.messages", user_message or None)
                         result = await self._run_turn(
-                            session, user_message, inbound_message_id, parts, stream, calls
+                            session,
+                            user_message,
+                            inbound_message_id,
+                            parts,
+                            stream,
+                            calls,
+                            rollback,
                         )
                         if before_commit is not None:
                             result = await before_commit(result)
@@ -378,7 +396,7 @@ class Runner:
                         traced.set("chatflow.answered_by", result.agent)
                         spans.content(traced, "gen_ai.output.messages", result.content)
                 except BaseException as exc:
-                    session.rollback_to(checkpoint)
+                    session.rollback_to(rollback[-1])
                     logger.log(
                         logging.INFO
                         if isinstance(exc, asyncio.CancelledError)
@@ -404,6 +422,8 @@ class Runner:
         pending: PendingApproval,
         decision: ApprovalDecision,
         metadata: Mapping[str, Any] | None = None,
+        *,
+        on_ran: OnToolRan | None = None,
         **options: Any,
     ) -> RunResult:
         """Continue after a decision on ``pending``, as a turn of its own.
@@ -414,8 +434,15 @@ class Runner:
         asks the model for its answer. ``options`` are ``run_async``'s (``on_commit``,
         ``inbound_message_id``, ``stream``...); the commit and rollback are the same.
         Whoever calls this makes sure a decision is resumed once.
+
+        ``on_ran(transaction, result)`` (SQL stores): once an approved tool returned,
+        its call and result are committed with the session right away, ``on_ran``
+        in the same transaction, before the model is asked; if the model then
+        fails, only its answer rolls back, and the history keeps what ran. A
+        ``"ran"`` decision adds the kept ``pending.result`` (unless the history
+        holds it) and asks the model again, running nothing.
         """
-        token = _resuming.set((pending, decision))
+        token = _resuming.set(_Resume(pending, decision, on_ran))
         try:
             return await self.run_async(session_id, "", metadata, **options)
         finally:
@@ -482,6 +509,7 @@ class Runner:
         parts: Sequence[MessagePart] = (),
         stream: ReplyStream | None = None,
         calls_out: list[CallUsage] | None = None,
+        rollback: list[SessionCheckpoint] | None = None,
     ) -> RunResult:
         turn = _Turn(session, calls_out)
         resume = _resuming.get()
@@ -496,11 +524,16 @@ class Runner:
             )
         else:
             await self._decided_call(turn, resume, inbound_message_id)
+            if resume.decision == "approved" and resume.on_ran is not None:
+                await self._commit_ran(turn, resume.on_ran, rollback)
         has_image = any(isinstance(part, ImagePart) for part in parts)
         tool_rounds = 0
+        prompts: dict[str, str] = {}  # per agent, read once: the same prefix every round
         while True:
             agent = session.active_agent
-            response = await self._call_model(session, agent, stream)
+            if agent.name not in prompts:
+                prompts[agent.name] = await system_prompt(agent, self.store, self.tool_services)
+            response = await self._call_model(session, agent, stream, prompts[agent.name])
             turn.called(CallUsage("chat", self._models[agent.name][1], agent.name, response.usage))
             calls, invalid = _unique_ids(response.tool_calls, response.invalid_tool_calls)
             if not calls and not (response.content or "").strip():
@@ -567,7 +600,10 @@ class Runner:
         """The call's result joins the history; its files and buttons join the turn's."""
         text, files = await self._tool_files.keep(output)  # bytes to the media store
         turn.attachments.extend(files)
-        text, turn.buttons = offer_buttons(output, text, turn.buttons)
+        text, buttons = offer_buttons(output, text, turn.buttons)
+        if buttons is not turn.buttons:  # this output's keyboard is the turn's now
+            turn.buttons = buttons
+            turn.anyone_may_tap = bool(getattr(output, "anyone_may_tap", False))
         turn.add(
             Message(
                 role=Role.TOOL,
@@ -611,19 +647,41 @@ class Runner:
         )
         return turn.result(prompt, agent, pending)
 
+    async def _commit_ran(
+        self, turn: _Turn, on_ran: OnToolRan, rollback: list[SessionCheckpoint] | None
+    ) -> None:
+        """Commit the approved call and its result now, ``on_ran`` in the same transaction:
+        what ran stays recorded whatever the model's answer does."""
+        result = turn.new_messages[-1].content or ""
+        agent = turn.session.active_agent
+
+        async def also(ran: RunResult, transaction: Transaction) -> None:
+            await on_ran(transaction, result)
+
+        cancelled = await self._save(turn.session, turn.result("", agent), also)
+        if rollback is not None:
+            rollback.append(turn.session.checkpoint())
+        if cancelled:
+            raise asyncio.CancelledError
+
     async def _decided_call(
-        self,
-        turn: _Turn,
-        resume: tuple[PendingApproval, ApprovalDecision],
-        inbound_message_id: str | None,
+        self, turn: _Turn, resume: _Resume, inbound_message_id: str | None
     ) -> None:
         """Add the decided call and its result (run now if approved) to the turn."""
-        pending, decision = resume
+        pending, decision = resume.pending, resume.decision
         agent = self._agents.get(pending.agent) or turn.session.active_agent
+        # "ran": committed with its result when it ran; a history that lost it (a reset
+        # since) gets it back from the approval, so the model knows it ran.
+        if decision == "ran" and any(
+            m.tool_call_id == pending.call_id for m in turn.session.history
+        ):
+            return
         call = ToolCall(id=pending.call_id, name=pending.tool_name, arguments=pending.arguments)
         turn.add(Message(role=Role.MODEL, content=None, tool_calls=[call], agent=agent.name))
         output: str | ToolOutput
-        if decision == "approved":
+        if decision == "ran":
+            output = pending.result or ""
+        elif decision == "approved":
             output, _ = await self._run_call(
                 turn.session, agent, call, None, inbound_message_id, True, turn.effects
             )
@@ -632,7 +690,7 @@ class Runner:
         await self._add_result(turn, agent, call, output)
 
     async def _call_model(
-        self, session: SessionContext, agent: Agent, stream: ReplyStream | None
+        self, session: SessionContext, agent: Agent, stream: ReplyStream | None, system: str
     ) -> ModelResponse:
         model, model_name = self._models[agent.name]
         messages = session.history if agent.vision else without_images(session.history)
@@ -647,18 +705,11 @@ class Runner:
                     stream if agent.stream and self.stream_replies else None,
                     agent.name,
                     model=model_name,
-                    system=agent.instructions,
+                    system=system,
                     messages=messages,
                     tools=tools,
                 )
-                genai.model_answered(
-                    traced,
-                    input_tokens=response.usage.input_tokens,
-                    output_tokens=response.usage.output_tokens,
-                    finish_reason=response.finish_reason,
-                    called_tools=bool(response.tool_calls),
-                    content=response.content,
-                )
+                genai.model_answered(traced, response)
         finally:
             current_agent_name.reset(token)
         self.compactor.observe_call(session.session_id, agent, messages, tools, response.usage)

@@ -28,6 +28,8 @@ from bot.core.attachments import ToolOutput
 __all__ = [
     "DEFAULT_TOOL_TIMEOUT",
     "ApprovalPolicy",
+    "ApprovalVerdict",
+    "Decline",
     "FunctionTool",
     "ParsedDocstring",
     "ToolContext",
@@ -42,9 +44,32 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOOL_TIMEOUT = 30.0
 """Seconds a tool may run before it is cancelled and reported as timed out."""
 
-ApprovalPolicy = bool | Callable[["ToolContext", dict[str, Any]], bool | Awaitable[bool]]
-"""``needs_approval``: always (``True``), never (``False``), or ask a function of the call's
-context and arguments (sync or async) each time the model calls the tool."""
+
+@dataclass(frozen=True, slots=True)
+class Decline:
+    """A ``needs_approval`` check's answer for a call that cannot happen (an unpaid
+    invoice's refund): no question is asked, the tool does not run, and the model reads
+    ``reason`` as the call's result."""
+
+    reason: str
+    """Why not, in words the model can pass on ("Invoice INV-2003 is not paid yet.")."""
+
+
+ApprovalVerdict = bool | str | Decline | None
+"""What a ``needs_approval`` function returns: ``False`` or ``None`` (run it now),
+``True`` (ask, with the default question), a ``str`` (ask this question) or a
+``Decline`` (refuse without asking)."""
+
+ApprovalPolicy = (
+    bool
+    | str
+    | Callable[["ToolContext", dict[str, Any]], ApprovalVerdict | Awaitable[ApprovalVerdict]]
+)
+"""``needs_approval``: always (``True``), never (``False``), always with this question
+(a ``str``: a template whose ``{field}`` names are the call's arguments, e.g. ``"May I
+refund order {order_id} for {amount:.2f}?"``), or a function of the call's context and
+arguments (sync or async) returning an ``ApprovalVerdict``, each time the model calls
+the tool."""
 
 _TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MAX_ERROR_TEXT = 500
@@ -163,15 +188,22 @@ class FunctionTool:
         """Whether any call of this tool may wait for approval (``needs_approval`` set)."""
         return self.needs_approval is not False
 
-    async def requires_approval(self, ctx: ToolContext, arguments: Mapping[str, Any]) -> bool:
-        """Whether this call must wait for a person's yes.
+    async def approval(
+        self, ctx: ToolContext, arguments: Mapping[str, Any]
+    ) -> str | Decline | None:
+        """Whether this call must wait for a person's yes, and with which question.
 
-        A callable policy that raises counts as yes: a tool worth gating is not run
-        because its check failed.
+        ``None``: run it now. A ``str``: ask first, with this question (``""``: the
+        default question, ``bot.core.approvals.default_question``). A ``Decline``: do
+        not ask and do not run. A function that raises counts as ``""`` (ask): a tool
+        worth gating is not run because its check failed; so does a template that
+        does not fit the arguments.
         """
         policy = self.needs_approval
         if isinstance(policy, bool):
-            return policy
+            return "" if policy else None
+        if isinstance(policy, str):
+            return self._question(policy, arguments)
         try:
             verdict = policy(ctx, dict(arguments))
             if inspect.isawaitable(verdict):
@@ -182,8 +214,26 @@ class FunctionTool:
                 self.name,
                 type(exc).__name__,
             )
-            return True
-        return bool(verdict)
+            return ""
+        if isinstance(verdict, Decline):
+            return verdict
+        if isinstance(verdict, str):
+            return verdict.strip()
+        return "" if verdict else None
+
+    def _question(self, template: str, arguments: Mapping[str, Any]) -> str:
+        """``template`` filled with the call's arguments; ``""`` (the default question)
+        when it names one the call lacks or a format the value does not take."""
+        try:
+            return template.format_map(dict(arguments)).strip()
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as exc:
+            logger.warning(
+                "the approval question of tool %s does not fit its call (%s); "
+                "asking with the default question",
+                self.name,
+                type(exc).__name__,
+            )
+            return ""
 
     async def invoke(self, ctx: ToolContext, arguments: Mapping[str, Any]) -> str:
         """Validate ``arguments``, run the function and return its result as text.
@@ -253,8 +303,12 @@ def _tool_from_function(
         raise ValueError(f"tool name {tool_name!r} must match ^[A-Za-z0-9_-]{{1,64}}$")
     if timeout is not None and timeout <= 0:
         raise ValueError("tool timeout must be positive (or None for no limit)")
-    if not isinstance(needs_approval, bool) and not callable(needs_approval):
-        raise TypeError(f"tool {tool_name!r}: needs_approval must be a bool or a callable")
+    if not isinstance(needs_approval, bool | str) and not callable(needs_approval):
+        raise TypeError(
+            f"tool {tool_name!r}: needs_approval must be a bool, a question or a callable"
+        )
+    if isinstance(needs_approval, str) and not needs_approval.strip():
+        raise ValueError(f"tool {tool_name!r}: the approval question is empty")
     signature = inspect.signature(fn)
     try:
         hints = get_type_hints(fn, include_extras=True)
@@ -334,9 +388,12 @@ def tool(
     timeout=...)``). The schema comes from the type hints, the description
     from the docstring's text and the parameter descriptions from its
     ``Args:`` section. A first parameter annotated ``ToolContext`` is injected.
-    ``needs_approval=True`` (or a function ``(ctx, arguments) -> bool``, sync or
-    async) makes a call wait for a person's yes: the Runner ends the turn with a
-    ``RunResult.pending_approval`` instead of running it.
+    ``needs_approval=True`` makes a call wait for a person's yes: the Runner ends
+    the turn with a ``RunResult.pending_approval`` (the question, with Approve /
+    Deny) instead of running it. A ``str`` is the question to ask, a template of
+    the arguments (``"May I refund order {order_id}?"``); a function ``(ctx,
+    arguments)``, sync or async, decides per call (``ApprovalVerdict``): no,
+    yes, its own question, or ``Decline(reason)`` to refuse without asking.
     """
     if fn is not None:
         return _tool_from_function(

@@ -116,8 +116,11 @@ class TokenAccounting:
 
     def sender_key(self, event: MessageEvent) -> str | None:
         """The sender as the usage table stores it (an HMAC digest, as access control
-        stores senders); ``None`` for a scheduled turn, which no person sent."""
-        if event.scheduled or not event.source.sender_id:
+        stores senders). A scheduled ``run_agent`` turn is charged to the person who
+        scheduled it (``scheduled_by``); other scheduled turns to nobody."""
+        if event.scheduled:
+            return event.scheduled_by
+        if not event.source.sender_id:
             return None
         return sender_digest(event.platform, event.source.sender_id, self._secret)
 
@@ -181,7 +184,11 @@ class TokenAccounting:
 
     async def budget_in(self, tx: Transaction, event: MessageEvent) -> BudgetVerdict:
         """Judge ``event``'s sender against the daily budget inside ``tx``."""
-        sender = self.sender_key(event)
+        return await self.sender_budget_in(tx, self.sender_key(event))
+
+    async def sender_budget_in(self, tx: Transaction, sender: str | None) -> BudgetVerdict:
+        """Judge ``sender`` (a ``sender_key``) against the daily budget inside ``tx``: a
+        message of theirs, or a ``run_agent`` job they scheduled falling due."""
         if self.max_tokens_per_day is None or sender is None:
             return BudgetVerdict(over=False, notice=False, spent=0)
         moment = self.now()

@@ -35,6 +35,7 @@ __all__ = [
     "approval_rows",
     "decide",
     "ensure_approvals_schema_in",
+    "find_approval",
     "operator_decide",
     "read_approval_in",
 ]
@@ -70,8 +71,11 @@ MIGRATIONS: Final = {
         f"CREATE INDEX IF NOT EXISTS {TABLE}_state ON {TABLE} (state, expires_at)",
         f"CREATE INDEX IF NOT EXISTS {TABLE}_session ON {TABLE} (session_id, state)",
     ),
-    # 2: the trace context of the turn that asked (tracing on); NULL before it.
-    2: (f"ALTER TABLE {TABLE} ADD COLUMN traceparent TEXT",),
+    # 2: what the approved tool returned, kept with the row once it ran (G6 of the
+    # 2026-12-07 review: a failed answer after the tool forgot that it ran).
+    2: (f"ALTER TABLE {TABLE} ADD COLUMN result_text TEXT",),
+    # 3: the trace context of the turn that asked (tracing on); NULL before it.
+    3: (f"ALTER TABLE {TABLE} ADD COLUMN traceparent TEXT",),
 }
 """``MIGRATIONS[v]`` moves the table from version ``v - 1`` to ``v`` (SQLite DDL)."""
 
@@ -94,7 +98,8 @@ MARKERS: Final[Mapping[str, str]] = {
 
 _COLUMNS: Final = (
     "id, session_key, session_id, platform, chat_id, thread_id, sender_ref, agent, "
-    "tool_name, call_id, arguments_json, state, decided_by, created_at, expires_at, traceparent"
+    "tool_name, call_id, arguments_json, state, decided_by, created_at, expires_at, "
+    "result_text, traceparent"
 )
 
 
@@ -123,6 +128,8 @@ class ApprovalRow:
     decided_by: str | None
     created_at: datetime
     expires_at: datetime
+    result: str | None = None
+    """What the tool returned (the text the model read), once an approved call ran."""
     traceparent: str | None = None
     """The asking turn's span (tracing on): the continuation's trace links to it."""
 
@@ -135,14 +142,38 @@ class ApprovalRow:
             call_id=self.call_id,
             arguments=self.arguments,
             agent=self.agent,
+            result=self.result,
         )
+
+    def arguments_text(self) -> str:
+        """The whole arguments, as indented JSON (for a person to read all of them)."""
+        return json.dumps(self.arguments, ensure_ascii=False, indent=2, sort_keys=True)
+
+    def describe(self) -> str:
+        """The approval in full, for the operator (``python -m bot approvals show``)."""
+
+        def when(moment: datetime) -> str:
+            return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+        lines = [
+            f"approval {self.approval_id}: {self.state}"
+            + (f" (by the {self.decided_by})" if self.decided_by else ""),
+            f"call: {self.agent}: {self.tool_name}",
+            f"conversation: {self.platform} {self.session_id}",
+            f"asked {when(self.created_at)}, expires {when(self.expires_at)}",
+            "arguments:",
+            self.arguments_text(),
+        ]
+        if self.result is not None:
+            lines += ["result:", self.result]
+        return "\n".join(lines)
 
 
 def _row(values: tuple[Any, ...]) -> ApprovalRow:
     (aid, key, sid, platform, chat, thread, sender, agent, tool_name, call_id, args, state) = (
         values[:12]
     )
-    decided_by, created_at, expires_at, traceparent = values[12:16]
+    decided_by, created_at, expires_at, result, traceparent = values[12:17]
     return ApprovalRow(
         approval_id=str(aid),
         session_key=str(key),
@@ -159,6 +190,7 @@ def _row(values: tuple[Any, ...]) -> ApprovalRow:
         decided_by=None if decided_by is None else str(decided_by),
         created_at=datetime.fromtimestamp(float(created_at), UTC),
         expires_at=datetime.fromtimestamp(float(expires_at), UTC),
+        result=None if result is None else str(result),
         traceparent=None if traceparent is None else str(traceparent),
     )
 
@@ -167,6 +199,16 @@ async def read_approval_in(tx: Transaction, approval_id: str) -> ApprovalRow | N
     """The approval ``approval_id`` as stored, ``None`` when unknown."""
     row = await tx.fetchone(f"SELECT {_COLUMNS} FROM {TABLE} WHERE id = ?", (approval_id,))
     return None if row is None else _row(row)
+
+
+async def find_approval(store: TransactionalStore, approval_id: str) -> ApprovalRow | None:
+    """The approval ``approval_id`` in any state, ``None`` when unknown."""
+
+    async def body(tx: Transaction) -> ApprovalRow | None:
+        await ensure_approvals_schema_in(tx)  # a database no bot has run on yet
+        return await read_approval_in(tx, approval_id)
+
+    return await store.run(body)
 
 
 async def approval_rows(

@@ -13,10 +13,15 @@ The path (see docs/ARCHITECTURE.md, "Approvals"):
    decides from the chat (``on_tap``); the operator decides from the console or
    ``python -m bot approvals``.
 3. The continuation turn (``resume``) first moves ``approved -> running`` in its
-   own committed transaction, then runs the tool and asks the model; its tx 2
-   marks the row ``done``. Finding ``running`` means a process died while the
-   tool ran: the tool is not run again, the model hears that the outcome is
-   unknown.
+   own committed transaction, then runs the tool. Once the tool returned, the
+   call and its result join the history in a commit of their own, which also
+   moves the row ``running -> done`` with the result kept (``result_text``);
+   then the model is asked. A failing model call rolls back only its answer: the
+   history and the row still say the tool ran, and a retry needs a new approval
+   to run it again. Finding ``running`` means a process died while the tool
+   ran: the tool is not run again, the model hears that the outcome is unknown.
+   Finding ``done`` with a result (a process died after that commit) asks the
+   model again with the kept result.
 
 The table and the decision rule are in ``bot.gateway.approval_table`` (re-exported
 here). Rows hold the raw chat id (the continuation's reply needs it, like the
@@ -26,11 +31,12 @@ ledger's) but only the keyed hash of the requesting sender.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Literal
 
-from bot.core.approvals import ApprovalDecision, parse_approval_button
+from bot.core.approvals import ApprovalDecision, details_text, parse_approval_button
 from bot.core.buttons import Button
 from bot.core.runner import Runner, RunResult
 from bot.core.sql import Transaction
@@ -47,19 +53,22 @@ from bot.gateway.approval_table import (
     approval_rows,
     decide,
     ensure_approvals_schema_in,
+    find_approval,
     operator_decide,
     read_approval_in,
 )
 from bot.gateway.contract import MessageEvent
 from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.keys import hash_sender_id
-from bot.gateway.taps import TapInfo, TapOutcome
+from bot.gateway.ledger.keyboards import find_button_in
+from bot.gateway.taps import FAILED_NOTICE, NOT_YOURS, TapInfo, TapOutcome
 from bot.metrics import Metrics
 from bot.tracing import spans
 
 __all__ = [
     "APPROVAL_REF_PREFIX",
     "DEFAULT_TTL_SECONDS",
+    "DETAILS_SENT",
     "DONE_BEFORE",
     "EXPIRED_NOTICE",
     "NOT_YOURS",
@@ -72,6 +81,7 @@ __all__ = [
     "approval_rows",
     "decide",
     "ensure_approvals_schema_in",
+    "find_approval",
     "operator_decide",
 ]
 
@@ -81,8 +91,8 @@ DEFAULT_TTL_SECONDS: Final = 3600.0
 POLL_SECONDS: Final = 5.0
 """Longest wait between two looks for expired approvals and operator decisions."""
 
-NOT_YOURS: Final = "Only the person who asked can answer this."
 DONE_BEFORE: Final = "This was already answered."
+DETAILS_SENT: Final = "The whole request is in the chat now."
 EXPIRED_NOTICE: Final = "This request has expired."
 _NOTICES: Final[Mapping[DecideOutcome, str]] = {
     "approved": "Approved.",
@@ -118,6 +128,9 @@ class Approvals:
         self.poll_seconds = poll_seconds
         self.on_turns: Callable[[list[InboxEntry]], None] | None = None
         """Queues continuation turns (the gateway's lanes); set before ``run``."""
+        self.send_details: Callable[[ApprovalRow, str], Awaitable[None]] | None = None
+        """Owes the whole call (the Details button's message) to the approval's chat,
+        through the delivery ledger; the gateway sets it."""
         self._wake = asyncio.Event()
 
     def now(self) -> float:
@@ -148,13 +161,7 @@ class Approvals:
         pending = result.pending_approval
         if pending is None:
             return
-        parent = await read_approval_in(tx, approval_id) if continued else None
-        # A continuation that asks again asks the person who asked first.
-        sender_ref = (
-            parent.sender_ref
-            if parent is not None
-            else hash_sender_id(entry.event.source.sender_id, self._secret)
-        )
+        sender_ref = await self.requester_in(tx, entry)
         now = self.now()
         event = entry.event
         await tx.execute(
@@ -178,6 +185,25 @@ class Approvals:
                 spans.traceparent(),  # tx 2's span: the continuation's trace links to it
             ),
         )
+
+    async def requester_in(self, tx: Transaction, entry: InboxEntry) -> str:
+        """The keyed hash of the person ``entry``'s turn answers: who may approve what it
+        asks, and whose keyboard its reply carries.
+
+        A continuation answers the person who asked first; a tap on a keyboard any
+        member may use (a poll) answers the person the keyboard was sent to, so the
+        conversation's owner stays its approver; any other turn its sender.
+        """
+        event = entry.event
+        if self.continues(entry):
+            parent = await read_approval_in(tx, event.message_id[len(APPROVAL_REF_PREFIX) :])
+            if parent is not None:
+                return parent.sender_ref
+        if event.button is not None and event.tap_token:
+            keyboard = await find_button_in(tx, event.tap_token)
+            if keyboard is not None and keyboard.owner_ref is not None:
+                return keyboard.owner_ref
+        return hash_sender_id(event.source.sender_id, self._secret)
 
     def committed(self, result: RunResult) -> None:
         """After a turn's commit: count the approval it asked for (a rolled-back tx 2
@@ -229,6 +255,12 @@ class Approvals:
         if row.state != "pending":  # decided before (a keyboard shown twice, say)
             late = EXPIRED_NOTICE if row.state == "expired" else DONE_BEFORE
             return TapOutcome(consumed=True, notice=late)
+        if choice == "details":
+            # The whole call, as a message to the person deciding; the keyboard stays.
+            if self.send_details is None:
+                return TapOutcome(consumed=False, notice=FAILED_NOTICE)
+            await self.send_details(row, details_text(row.tool_name, row.arguments))
+            return TapOutcome(consumed=False, notice=DETAILS_SENT)
         outcome = await self.decide(approval_id, choice, by="user")
         return TapOutcome(consumed=True, notice=_NOTICES[outcome])
 
@@ -265,7 +297,17 @@ class Approvals:
             decision,
             metadata,
             inbound_message_id=entry.event.message_id,
+            on_ran=functools.partial(self._ran_in, approval_id),
             **options,
+        )
+
+    async def _ran_in(self, approval_id: str, tx: Transaction, result: str) -> None:
+        """In the commit of the approved call and its result: the row is ``done``, with
+        what the tool returned (a failing answer after it no longer hides that it ran)."""
+        await tx.execute(
+            f"UPDATE {TABLE} SET state = 'done', finished_at = ?, result_text = ? "
+            "WHERE id = ? AND state = 'running'",
+            (self.now(), result, approval_id),
         )
 
     async def _claim(self, approval_id: str) -> tuple[ApprovalRow, ApprovalDecision]:
@@ -291,6 +333,10 @@ class Approvals:
             return row, "unknown"
         if row.state in ("denied", "expired"):
             return row, "denied" if row.state == "denied" else "expired"
+        if row.state == "done" and row.result is not None:
+            # It ran and its result was committed, then the turn stopped (a crash):
+            # the model is asked again with that result, nothing runs twice.
+            return row, "ran"
         raise ApprovalError(f"approval {approval_id} is {row.state}: nothing to resume")
 
     # -- the timer ------------------------------------------------------------------

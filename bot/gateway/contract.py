@@ -149,6 +149,9 @@ class MessageEvent:
     scheduled: bool = False
     """Not from a person: a ``run_agent`` job the scheduler journaled at its due time
     (``text`` carries ``SCHEDULED_MARKER``); the gate and access control let it through."""
+    scheduled_by: str | None = None
+    """On a scheduled turn: the ``sender_digest`` of the person who scheduled the job
+    (the scheduler screened them and their budget); its tokens are charged to them."""
     button: Button | None = None
     """The button a tap chose (set by the gateway once the tap's token is resolved; the
     ``text`` is then its label)."""

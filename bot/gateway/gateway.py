@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 from bot.config import Settings
 from bot.core.approvals import APPROVAL_BUTTON_PREFIX
+from bot.core.long_memory.tools import POLICY as MEMORY_POLICY
+from bot.core.long_memory.tools import MemoryPolicy
 from bot.core.models.routing import ModelSettings
 from bot.core.runner import Runner
 from bot.core.scheduling import POLICY as SCHEDULING_POLICY
@@ -33,11 +35,11 @@ from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.core.voice import Voice
 from bot.errors import ChatflowError, PlatformError, TapRefusedError
-from bot.gateway.access.control import AccessControl
+from bot.gateway.access.control import AccessControl, budget_notice
 from bot.gateway.access.gate import Admission, Gate
 from bot.gateway.accounting import TokenAccounting
 from bot.gateway.aliases import ChatAliases
-from bot.gateway.approvals import APPROVAL_REF_PREFIX, Approvals
+from bot.gateway.approvals import APPROVAL_REF_PREFIX, ApprovalRow, Approvals
 from bot.gateway.contract import PlatformAdapter
 from bot.gateway.dispatcher import DispatcherBusyError, SessionDispatcher
 from bot.gateway.events import MessageEvent, encodable
@@ -45,7 +47,7 @@ from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import log_ref
 from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.ledger.obligations import Obligation
+from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.media_fetch import build_media_fetcher
 from bot.gateway.outbox import PRUNE_INTERVAL_SECONDS, Outbox
 from bot.gateway.replies import Replies
@@ -107,7 +109,11 @@ class Gateway:
         )
         # Button taps: resolved before tx 1, their keyboard marked used in it.
         self.taps = Taps(
-            store, ttl_seconds=settings.button_ttl_seconds, inbox=self.inbox, metrics=self.metrics
+            store,
+            ttl_seconds=settings.button_ttl_seconds,
+            inbox=self.inbox,
+            metrics=self.metrics,
+            secret=secret,
         )
         self.ledger = DeliveryLedger(
             store,
@@ -163,8 +169,20 @@ class Gateway:
         )
         self.approvals.on_turns = self._queue_turns
         self.turns.approvals = self.approvals
+        self.turns.keyboard_owner = self._keyboard_owner
+        self.approvals.send_details = self._send_details
         self.taps.intercept(APPROVAL_BUTTON_PREFIX, self.approvals.on_tap)
-        runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(settings.max_scheduled_per_chat)
+        runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(
+            settings.max_scheduled_per_chat,
+            min_repeat_seconds=settings.min_repeat_seconds,
+            timezone=settings.schedule_timezone,
+        )
+        runner.tool_services[MEMORY_POLICY] = MemoryPolicy(
+            settings.max_memories_per_person,
+            settings.max_memory_chars,
+            settings.memory_prompt_chars,
+        )
+        self.turns.memory_secret = secret
         self.access = AccessControl(settings, self.turns, secret, self._queue_answers)
         # Token usage recorded with each turn; the daily budget judged with the rate limits.
         self.accounting = TokenAccounting(
@@ -175,6 +193,10 @@ class Gateway:
         )
         self.turns.accounting = self.access.budget = self.accounting
         self.gate = Gate(settings, self.aliases, secret, pairing=self.access.pairing)
+        # A job's owner is judged when it falls due: access now, and the budget its turn costs.
+        self.scheduler.admit_owner = self.gate.admits_owner
+        self.scheduler.accounting = self.accounting if self.accounting.budgeted else None
+        self.scheduler.budget_notice = budget_notice
         # Unbounded on purpose: MAX_QUEUED_MESSAGES is applied in _on_event before
         # tx 1, since a message once accepted must be queued whatever happens.
         # Turns and owed replies share the per-session lanes: a reply owed from
@@ -551,6 +573,38 @@ class Gateway:
             return False
         self.metrics.count_in(platform)
         return True
+
+    async def _send_details(self, row: ApprovalRow, text: str) -> None:
+        """Owe ``text`` (an approval's whole call) to its chat through the ledger and send
+        it now; once per approval and text (a second tap finds it recorded)."""
+        message_ref = f"approval-details:{row.approval_id}"
+        obligation = Obligation.owed(
+            obligation_id=compute_obligation_id(row.session_key, message_ref, text),
+            session_key=row.session_key,
+            session_id=row.session_id,
+            platform=row.platform,
+            chat_id=row.chat_id,
+            thread_id=row.thread_id,
+            reply_to=None,
+            content=text,
+            message_ref=message_ref,
+        )
+
+        async def owe(tx: Transaction) -> bool:
+            return await self.ledger.record_in(tx, obligation, claimed=True)
+
+        if await self.store.run(owe):
+            await self.outbox.send(obligation.claimed())
+
+    async def _keyboard_owner(self, tx: Transaction, entry: InboxEntry) -> str | None:
+        """Whose keyboard a reply to ``entry`` carries: the person its turn answered;
+        ``None`` for a scheduled turn's (the chat stands in for its sender) and in a
+        channel (a post's sender is the channel: any subscriber may tap)."""
+        if entry.event.source.chat_type == "channel":
+            return None
+        if entry.event.scheduled and not self.approvals.continues(entry):
+            return None
+        return await self.approvals.requester_in(tx, entry)
 
     async def _on_accept_in(self, tx: Transaction, event: MessageEvent) -> None:
         """In tx 1 of every accepted message: the contact window, the tapped keyboard."""

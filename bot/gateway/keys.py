@@ -26,13 +26,14 @@ from bot.core.paths import is_path_unsafe, is_session_key_unsafe
 from bot.core.sql import ensure_schema
 from bot.core.stores.base import TransactionalStore
 from bot.errors import ConfigurationError, StorageError
-from bot.gateway.events import SessionSource
+from bot.gateway.events import ChatType, SessionSource
 from bot.logs import log_ref
 
 __all__ = [
     "KEY_PREFIX",
     "SECRET_FILE_NAME",
     "build_session_key",
+    "chat_type_of",
     "hash_chat_id",
     "hash_id",
     "hash_sender_id",
@@ -120,6 +121,13 @@ def build_session_key(
     if is_session_key_unsafe(key):  # pragma: no cover - the parts above are all checked
         raise ValueError("session key is unsafe")
     return key
+
+
+def chat_type_of(session_key: str) -> ChatType:
+    """The chat type a session key was built for (``agent:main:<platform>:<type>:...``)."""
+    parts = session_key.split(":")
+    kind = parts[3] if len(parts) > 3 else ""
+    return "group" if kind == "group" else "channel" if kind == "channel" else "dm"
 
 
 def session_id_for(key: str) -> str:

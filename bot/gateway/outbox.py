@@ -20,9 +20,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from bot.core.media_store import MediaStore
+from bot.core.scheduling import SCHEDULED_REF
 from bot.errors import PlatformError
 from bot.gateway.attachments import send_reply
 from bot.gateway.contract import PlatformAdapter, SendResult, StatusFailedHandler
+from bot.gateway.keys import chat_type_of
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import MAX_ATTEMPTS, Obligation
 from bot.gateway.pacing import AccountPacer
@@ -146,6 +148,11 @@ class Outbox:
             return
         if obligation.needs_marker:
             self.metrics.resends.labels(obligation.platform).inc()
+        pacer = self.pacers.get(obligation.platform)
+        if pacer is not None and obligation.message_ref.startswith(SCHEDULED_REF):
+            # A scheduled post waits for the chat's replies (and leaves a group's window room).
+            group = chat_type_of(obligation.session_key) != "dm"
+            await pacer.make_way(obligation.chat_id, group=group)
         try:
             # Text, then the files the reply carries (bot.gateway.attachments).
             result = await self._send_reply(adapter, obligation, traced)

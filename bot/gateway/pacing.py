@@ -24,6 +24,13 @@ before writing each request.
 
 Only optional requests are exempt from the per-chat windows: the platforms
 document those limits for messages.
+
+- **Scheduled posts give way to replies** (``make_way``, awaited by the outbox
+  before a scheduled message is handed to the adapter). They book no moment
+  ahead: a scheduled post waits until nothing is booked for its chat, and in a
+  group until the chat's window has room left beyond ``REPLY_RESERVE`` of it. So
+  however many posts are scheduled into a group, replies to its people always
+  find room in the window, and never queue behind the posts.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from collections.abc import Awaitable, Callable
 
 from bot.gateway.contract import SendLimits
 
-__all__ = ["DEFAULT_RETRY_AFTER", "WINDOW_MARGIN", "AccountPacer"]
+__all__ = ["DEFAULT_RETRY_AFTER", "REPLY_RESERVE", "WINDOW_MARGIN", "AccountPacer"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +52,8 @@ WINDOW_MARGIN = 0.15
 after its grant, and not always equally late."""
 DEFAULT_RETRY_AFTER = 1.0
 """How long a refusal pauses the account when the platform did not say."""
+REPLY_RESERVE = 0.25
+"""The share of a group's per-minute window that scheduled posts leave to replies."""
 _CHAT_WINDOW = 1.0
 _GROUP_WINDOW = 60.0
 _MAX_CHATS = 20_000
@@ -212,6 +221,32 @@ class AccountPacer:
                 return True
         finally:
             self._waiting -= 1
+
+    def _way_from(self, chat_id: str, group: bool, now: float) -> float:
+        """When a scheduled post to ``chat_id`` stops being in a reply's way."""
+        history = self._chats.get(chat_id)
+        if not history:
+            return now
+        ready = max(now, history[-1])  # a message booked ahead (a reply waiting) goes first
+        per_group = self.limits.group_per_minute
+        if group and per_group is not None:
+            allowed = max(1, per_group - max(1, round(per_group * REPLY_RESERVE)))
+            window = _GROUP_WINDOW + self._margin
+            recent = sorted(at for at in history if at > now - window)
+            if len(recent) >= allowed:
+                ready = max(ready, recent[len(recent) - allowed] + window)
+        return ready
+
+    async def make_way(self, chat_id: str, *, group: bool = False) -> None:
+        """Wait until a scheduled post to ``chat_id`` may take its turn without delaying a
+        reply: nothing booked for the chat from now on, and (a group) its window left
+        with ``REPLY_RESERVE`` of its room. The post then takes its ``turn`` as usual."""
+        while True:
+            now = self._now()
+            ready = self._way_from(chat_id, group, now)
+            if ready <= now:
+                return
+            await self._sleep(ready - now)
 
     def refused(self, retry_after: float | None) -> None:
         """Pause the account for ``retry_after`` seconds (``DEFAULT_RETRY_AFTER`` if None)."""

@@ -24,6 +24,8 @@ class Replies:
     """Sent for a text over ``MAX_INBOUND_CHARS``."""
     reset: str = "Done: I have forgotten this conversation. What can I do for you?"
     """Answer to ``/reset``."""
+    reset_jobs: str = "The {count} scheduled message(s) set in it are cancelled too."
+    """Added to the ``/reset`` answer when the conversation had scheduled messages waiting."""
     compacted: str = "Done: I have summarised our conversation so far and will go on from there."
     """Answer to ``/compact`` when the older messages were summarised."""
     compact_nothing: str = "Our conversation is still short: there is nothing to summarise yet."

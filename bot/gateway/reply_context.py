@@ -75,7 +75,13 @@ async def reply_context(
         if found is not None and found[0].strip():
             return f'[Replying to {found[1]}: "{_flatten(found[0])}"]'
     if quoted is None and event.replies_to_bot:
-        obligation_id = await ledger.find_by_sent_id(event.reply_to_id, platform=event.platform)
+        # By chat and thread: Telegram numbers messages per chat, so the id alone may
+        # name another chat's reply (and quote it here).
+        obligation_id = await ledger.find_by_sent_id(
+            event.reply_to_id,
+            platform=event.platform,
+            chat=(event.source.chat_id, event.source.thread_id),
+        )
         try:
             obligation = await ledger.get(obligation_id) if obligation_id is not None else None
         except ChatflowError:  # best effort, as find_by_sent_id: the turn runs without it

@@ -1,10 +1,18 @@
-"""The operator's view of scheduled messages: list them and cancel one.
+"""The operator's view of scheduled messages: list them and cancel one; and the jobs
+of a conversation or of a person cancelled with them.
 
 ``python -m bot schedule`` and the console's "Scheduled" page read and change
-``chatflow_scheduled_jobs`` through these two functions, in the bot's own
+``chatflow_scheduled_jobs`` through these functions, in the bot's own
 database, whether a bot is running or not. A cancel is one guarded UPDATE
 (only a job still ``scheduled``); the scheduler's claim is guarded by the same
 state inside its own transaction, so a job cancelled here is never fired after.
+
+``cancel_jobs`` (``cancel_jobs_in`` inside a transaction) is the one way the rest
+of the bot stops jobs that lost their reason to exist: ``/reset`` and ``sessions
+reset`` cancel the conversation's jobs, ``sessions delete`` erases them (their
+text and raw chat id go with the conversation), ``pairing revoke`` cancels the
+revoked person's jobs in every chat, and a command that forgets a person calls it
+with their sender digest (``erase=True``).
 """
 
 from __future__ import annotations
@@ -19,7 +27,14 @@ from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.gateway.operator_send import SendTarget
 
-__all__ = ["CancelOutcome", "ScheduledJob", "cancel_job", "scheduled_jobs"]
+__all__ = [
+    "CancelOutcome",
+    "ScheduledJob",
+    "cancel_job",
+    "cancel_jobs",
+    "cancel_jobs_in",
+    "scheduled_jobs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -111,3 +126,62 @@ async def cancel_job(store: TransactionalStore, job_id: str) -> CancelOutcome:
     if outcome == "cancelled":
         logger.info("scheduled job %s cancelled by the operator", job_id)
     return outcome
+
+
+async def cancel_jobs_in(
+    tx: Transaction,
+    *,
+    session_id: str | None = None,
+    platform: str | None = None,
+    sender: str | None = None,
+    erase: bool = False,
+) -> int:
+    """Cancel, inside ``tx``, the waiting jobs of the conversation ``session_id`` or of the
+    person ``sender`` (their ``sender_digest`` on ``platform``: the jobs they scheduled,
+    in any chat); returns how many were waiting.
+
+    ``erase=True`` deletes their rows instead, in every state (fired and cancelled
+    ones too): nothing of their texts or chat ids stays (``sessions delete``, forget).
+    """
+    if (session_id is None) == (sender is None) or (sender is not None and platform is None):
+        raise ValueError("give session_id, or platform and sender")
+    await ensure_jobs_schema_in(tx)
+    where, params = (
+        ("session_id = ?", (session_id,))
+        if session_id is not None
+        else ("platform = ? AND sender = ?", (platform, sender))
+    )
+    if not erase:
+        return await tx.execute(
+            f"UPDATE {TABLE} SET state = 'cancelled' WHERE {where} AND state = 'scheduled'",
+            params,
+        )
+    row = await tx.fetchone(
+        f"SELECT COUNT(*) FROM {TABLE} WHERE {where} AND state = 'scheduled'", params
+    )
+    await tx.execute(f"DELETE FROM {TABLE} WHERE {where}", params)
+    return 0 if row is None else int(row[0])
+
+
+async def cancel_jobs(
+    store: TransactionalStore,
+    *,
+    session_id: str | None = None,
+    platform: str | None = None,
+    sender: str | None = None,
+    erase: bool = False,
+    why: str = "removed",
+) -> int:
+    """``cancel_jobs_in`` in a transaction of its own; logs how many (``why``: the
+    reason, e.g. "reset"), never the texts or the chat."""
+
+    async def body(tx: Transaction) -> int:
+        return await cancel_jobs_in(
+            tx, session_id=session_id, platform=platform, sender=sender, erase=erase
+        )
+
+    count = await store.run(body)
+    if count:
+        whose = f"session {session_id}" if session_id is not None else f"a {platform} sender"
+        logger.info("%d scheduled job(s) of %s cancelled: %s", count, whose, why)
+    return count

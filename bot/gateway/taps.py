@@ -5,7 +5,10 @@ Telegram ``callback_query``, a WhatsApp ``button_reply``/``list_reply``).
 ``Taps.handle`` resolves it against ``chatflow_buttons``
 (``bot.gateway.ledger.keyboards``) and refuses, with a short notice and no
 turn, a token that is unknown (forged), of another platform or chat, older
-than ``BUTTON_TTL_SECONDS`` or of a keyboard already used. A resolved tap
+than ``BUTTON_TTL_SECONDS`` or of a keyboard already used. A keyboard belongs
+to the person it was sent to: another member's tap is refused with
+``NOT_YOURS``, starts nothing and leaves the keyboard open, unless the tool
+offered it to anyone (``ToolOutput(..., anyone_may_tap=True)``). A resolved tap
 becomes a message whose text is the button's label (``event.button`` the
 button), in the session of the reply that carried the keyboard; it goes
 through tx 1 and the inbox like any message, and tx 1 marks the keyboard used
@@ -33,6 +36,7 @@ from bot.errors import ChatflowError, TapRefusedError
 from bot.gateway.contract import MessageEvent, PlatformAdapter
 from bot.gateway.inbox import Inbox
 from bot.gateway.instances import to_epoch
+from bot.gateway.keys import hash_sender_id
 from bot.gateway.ledger.keyboards import (
     TapInfo,
     ensure_keyboards_schema,
@@ -46,6 +50,7 @@ __all__ = [
     "ANSWER_TIMEOUT",
     "EXPIRED_NOTICE",
     "FAILED_NOTICE",
+    "NOT_YOURS",
     "TapHandler",
     "TapInfo",
     "TapOutcome",
@@ -58,6 +63,8 @@ logger = logging.getLogger(__name__)
 EXPIRED_NOTICE: Final = "This choice has expired."
 """What a refused tap shows. One text for unknown, foreign, expired and used taps:
 a forger learns nothing from it."""
+NOT_YOURS: Final = "Only the person who asked can answer this."
+"""What another member's tap on a keyboard sent to someone else shows."""
 FAILED_NOTICE: Final = "Sorry, that did not work. Please try again."
 """What a tap shows when an interceptor failed."""
 ANSWER_TIMEOUT: Final = 5.0
@@ -108,11 +115,14 @@ class Taps:
         clock: Callable[[], datetime] | None = None,
         inbox: Inbox | None = None,
         metrics: Metrics | None = None,
+        secret: bytes | None = None,
     ) -> None:
         """``ttl_seconds``: a keyboard older than this is refused (``BUTTON_TTL_SECONDS``).
         ``inbox``: where a redelivered tap is found journaled, so it is answered as a
-        duplicate, not refused as used. ``metrics``: taps counted by outcome."""
+        duplicate, not refused as used. ``metrics``: taps counted by outcome.
+        ``secret``: the key of sender hashes (``owner_ref``: whose keyboard it is)."""
         self._store = store
+        self._secret = secret
         self._metrics = metrics
         self._inbox = inbox
         self._ttl = timedelta(seconds=ttl_seconds)
@@ -182,6 +192,10 @@ class Taps:
         if info.used_at is not None:
             logger.info("%s tap refused: keyboard already used", event.platform)
             raise TapRefusedError(EXPIRED_NOTICE)
+        if not info.may_tap(self.sender_ref(event)):
+            # Another member of the group: nothing happens, the keyboard stays open.
+            logger.info("%s tap refused: the keyboard was sent to someone else", event.platform)
+            raise TapRefusedError(NOT_YOURS)
         resolved = replace(
             event,
             text=info.button.label,
@@ -193,6 +207,10 @@ class Taps:
             source=replace(event.source, thread_id=info.thread_id),
         )
         return resolved, info
+
+    def sender_ref(self, event: MessageEvent) -> str:
+        """The keyed hash of who sent ``event`` (as keyboards and approvals store it)."""
+        return hash_sender_id(event.source.sender_id, self._secret)
 
     async def _journaled(self, message_id: str) -> bool:
         if self._inbox is None:

@@ -24,6 +24,8 @@ from bot.core.attachments import OutgoingPart
 from bot.core.buttons import Button
 from bot.core.compactor import CompactionOutcome
 from bot.core.human_handoff import requested_human
+from bot.core.long_memory.records import apply_memory_in
+from bot.core.long_memory.scope import speaking_as
 from bot.core.runner import Runner, RunResult
 from bot.core.scheduling import JobRoute, apply_in
 from bot.core.sql import Transaction
@@ -36,12 +38,14 @@ from bot.gateway.contract import MessageEvent, PlatformAdapter
 from bot.gateway.dispatcher import release_slot
 from bot.gateway.inbox import GAVE_UP_ERROR, Inbox, InboxClaimLostError, InboxEntry
 from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.ledger.keyboards import new_keyboard
+from bot.gateway.ledger.keyboards import new_keyboard, set_owner_in
 from bot.gateway.ledger.obligations import Obligation, compute_obligation_id
 from bot.gateway.media_fetch import MediaFetcher, PreparedMedia
+from bot.gateway.memory_scope import scope_for
 from bot.gateway.outbox import Outbox
 from bot.gateway.replies import Replies
 from bot.gateway.reply_context import reply_context, with_reply_context
+from bot.gateway.scheduled_jobs import cancel_jobs
 from bot.gateway.streaming import open_drafts, stop_drafts
 from bot.gateway.takeover import TakenOverError, Takeovers
 from bot.gateway.taps import tap_text
@@ -86,6 +90,14 @@ class Turns:
         sets it."""
         self.approvals: Approvals | None = None
         """Records pending approvals in tx 2 and runs decided ones' turns; the gateway sets it."""
+        self.memory_secret: bytes | None = None
+        """Keys the hashes of a turn's memory scope (``bot.gateway.memory_scope``); without
+        it (the gateway sets it) turns have no memory."""
+        self.keyboard_owner: Callable[[Transaction, InboxEntry], Awaitable[str | None]] | None = (
+            None
+        )
+        """``(tx, entry) -> owner_ref``: whose keyboard a reply to ``entry`` carries (the
+        gateway sets it; ``None``: keyboards have no owner)."""
         self.runner = runner
         self.store = store
         self.inbox = inbox
@@ -137,8 +149,11 @@ class Turns:
             return
         if command in ("start", "help", "reset"):
             agent = self.runner.starting_agent.name
+            cancelled = 0
             if command == "reset":
                 await self.store.delete(entry.session_id)
+                # "Forget this conversation": the reminders set in it go too.
+                cancelled = await cancel_jobs(self.store, session_id=entry.session_id, why="/reset")
             elif command == "start":
                 # A handoff may have moved the conversation: greet as the one who holds it.
                 agent = await self._active_agent_name(entry.session_id)
@@ -147,6 +162,8 @@ class Turns:
                 "help": self.replies.help,
                 "reset": self.replies.reset,
             }[command]
+            if cancelled:
+                text += " " + self.replies.reset_jobs.format(count=cancelled)
             await self._answer_without_turn(entry, text, agent=agent)
             return
         if len(event.text) > MAX_INBOUND_CHARS:
@@ -194,6 +211,8 @@ class Turns:
         task: asyncio.Task[object] | None = asyncio.current_task()
         calls: list[CallUsage] = []  # the turn's model calls, as each returns
         committed = False
+        secret = self.memory_secret
+        scope = None if secret is None else scope_for(event, secret)
 
         def spent() -> list[CallUsage]:
             """Every billed call of the turn: its transcriptions, then its model calls."""
@@ -214,7 +233,12 @@ class Turns:
             if adapter is not None:
                 content = adapter.format_reply(content, result.agent)
             recorded = await self._record(
-                tx, entry, content, files=result.attachments, buttons=result.buttons
+                tx,
+                entry,
+                content,
+                files=result.attachments,
+                buttons=result.buttons,
+                anyone_may_tap=result.anyone_may_tap,
             )
             if recorded is not None:
                 obligation.append(recorded)
@@ -229,10 +253,15 @@ class Turns:
                 event.platform,
                 event.source.chat_id,
                 event.source.thread_id,
-                spans.traceparent(),  # tx 2's span: each firing's trace links to it
+                # Who asked: their jobs' turns are charged to them, revoking them stops them.
+                sender=None if self.accounting is None else self.accounting.sender_key(event),
+                traceparent=spans.traceparent(),  # tx 2's span: each firing's trace links to it
             )
-            added, _ = await apply_in(tx, result.effects, route, self.store.now().timestamp())
+            now = self.store.now().timestamp()
+            added, _ = await apply_in(tx, result.effects, route, now)
             scheduled.append(added)
+            # In the scope of the inbound message, never one the model named.
+            await apply_memory_in(tx, result.effects, scope, entry.session_id, now)
             person = requested_human(result.new_messages, self.runner.get_agent)
             if person is not None:
                 await self.takeovers.take_over_in(tx, entry.session_id, person)
@@ -274,16 +303,17 @@ class Turns:
             run: Callable[..., Awaitable[RunResult]] = self.runner.run_async
             if self.approvals is not None and self.approvals.continues(entry):
                 run = self.approvals.continuation(entry)  # a decided approval's turn
-            result = await run(
-                entry.session_id,
-                text,
-                metadata,
-                on_commit=commit,
-                parts=media.parts,
-                stream=drafts,
-                before_commit=speak,
-                calls=calls,
-            )
+            with speaking_as(scope):
+                result = await run(
+                    entry.session_id,
+                    text,
+                    metadata,
+                    on_commit=commit,
+                    parts=media.parts,
+                    stream=drafts,
+                    before_commit=speak,
+                    calls=calls,
+                )
             committed = True
             if self.approvals is not None:
                 self.approvals.committed(result)
@@ -424,6 +454,7 @@ class Turns:
         claimed: bool = True,
         files: Sequence[OutgoingPart] = (),
         buttons: Sequence[Button] = (),
+        anyone_may_tap: bool = False,
         traceparent: str | None = None,
     ) -> Obligation | None:
         """Record the reply owed, claimed by this process (sent right after the commit);
@@ -452,6 +483,10 @@ class Turns:
         )
         if not await self.ledger.record_in(tx, obligation, claimed=claimed):
             return None
+        if keyboard:
+            # The keyboard belongs to the person the turn answered (see bot.gateway.taps).
+            owner = None if self.keyboard_owner is None else await self.keyboard_owner(tx, entry)
+            await set_owner_in(tx, obligation.obligation_id, owner, anyone=anyone_may_tap)
         return obligation.claimed() if claimed else obligation
 
 

@@ -8,13 +8,16 @@ the operator opted in.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from bot.tracing import names, spans
 
 __all__ = [
+    "ModelAnswer",
     "agent_attributes",
+    "agent_span",
     "chat_attributes",
     "model_answered",
     "tool_arguments",
@@ -31,6 +34,15 @@ def agent_attributes(agent: str, conversation_key: str) -> dict[str, spans.Attri
         names.CONVERSATION_ID: conversation,
         names.SESSION_ID: conversation,  # Langfuse groups a chat's traces by it
     }
+
+
+def agent_span(
+    agent: str, metadata: Mapping[str, Any] | None, session_id: str
+) -> AbstractContextManager[spans.SpanHandle]:
+    """The ``invoke_agent {agent}`` span of a turn; its conversation is the session key
+    in ``metadata`` (the gateway's), else the session id."""
+    key = str((metadata or {}).get("session_key") or session_id)
+    return spans.span(f"invoke_agent {agent}", agent_attributes(agent, key))
 
 
 def chat_attributes(model: str, provider: str, agent: str) -> dict[str, spans.AttributeValue]:
@@ -52,21 +64,37 @@ def tool_attributes(tool: str, call_id: str) -> dict[str, spans.AttributeValue]:
     }
 
 
-def model_answered(
-    traced: spans.SpanHandle,
-    *,
-    input_tokens: int,
-    output_tokens: int,
-    finish_reason: str | None,
-    called_tools: bool,
-    content: str | None,
-) -> None:
+class _Usage(Protocol):
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
+
+
+class ModelAnswer(Protocol):
+    """What ``model_answered`` reads of a model's response (``ModelResponse``)."""
+
+    @property
+    def usage(self) -> _Usage: ...
+
+    @property
+    def finish_reason(self) -> str | None: ...
+
+    @property
+    def tool_calls(self) -> Sequence[object]: ...
+
+    @property
+    def content(self) -> str | None: ...
+
+
+def model_answered(traced: spans.SpanHandle, response: ModelAnswer) -> None:
     """A ``chat`` span's answer: token usage and why the model stopped."""
-    traced.set("gen_ai.usage.input_tokens", input_tokens)
-    traced.set("gen_ai.usage.output_tokens", output_tokens)
-    reason = finish_reason or ("tool_calls" if called_tools else "stop")
+    traced.set("gen_ai.usage.input_tokens", response.usage.input_tokens)
+    traced.set("gen_ai.usage.output_tokens", response.usage.output_tokens)
+    reason = response.finish_reason or ("tool_calls" if response.tool_calls else "stop")
     traced.set("gen_ai.response.finish_reasons", (reason,))
-    spans.content(traced, "gen_ai.output.messages", content)
+    spans.content(traced, "gen_ai.output.messages", response.content)
 
 
 def tool_arguments(traced: spans.SpanHandle, arguments: Mapping[str, Any]) -> None:

@@ -20,6 +20,7 @@ from agents.billing import (
     billing,
     get_invoice,
     list_invoices,
+    refund_question,
     request_refund,
 )
 from agents.orders import check_order_status, load_orders, normalise_order_id, order_tracking
@@ -290,8 +291,16 @@ def test_starting_agent_and_handoff_graph() -> None:
 
 
 def test_each_agent_has_its_documented_tools() -> None:
-    assert [t.name for t in triage.function_tools] == []
-    assert [t.name for t in order_tracking.function_tools] == ["check_order_status"]
+    assert [t.name for t in triage.function_tools] == [
+        "search_knowledge",
+        "remember",
+        "recall",
+        "forget",
+    ]
+    assert [t.name for t in order_tracking.function_tools] == [
+        "check_order_status",
+        "search_knowledge",
+    ]
     assert [t.name for t in billing.function_tools] == [
         "get_invoice",
         "list_invoices",
@@ -348,7 +357,10 @@ async def test_offline_refund_request_hands_off_to_billing(data_dir: Path) -> No
     assert [c.name for m in asked.new_messages for c in m.tool_calls] == ["transfer_to_billing"]
     pending = asked.pending_approval
     assert pending is not None and pending.tool_name == "request_refund"
-    assert asked.content.startswith("Billing wants to run request_refund with invoice_id=INV-2001")
+    assert asked.content == (
+        "Shall I open a refund request for invoice INV-2001 (59.90 EUR)? "
+        "Your reason: I need a refund for invoice INV-2001"
+    )
     assert [b.label for b in asked.buttons] == ["Approve", "Deny"]
     assert refund_lines(data_dir) == []
     result = await runner.resume_async("console-demo-2", pending, "approved")
@@ -359,7 +371,18 @@ async def test_offline_refund_request_hands_off_to_billing(data_dir: Path) -> No
 
 
 def test_the_refund_tool_asks_for_approval() -> None:
-    assert request_refund.needs_approval is True
+    assert request_refund.needs_approval is refund_question
+
+
+async def test_an_unpaid_invoice_is_declined_before_anyone_is_asked(data_dir: Path) -> None:
+    """N4: the demo asks no approval for a refund that cannot happen (INV-2003 is open)."""
+    runner = Runner(agents.starting_agent, SessionStore(), model=OfflineModel())
+
+    result = await runner.run_async("console-demo-5", "I need a refund for invoice INV-2003")
+
+    assert result.pending_approval is None and result.buttons == ()
+    assert "INV-2003 has not been paid yet" in result.content
+    assert refund_lines(data_dir) == []
 
 
 async def test_offline_specialists_hand_other_topics_back_through_triage(data_dir: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -15,7 +16,11 @@ from tests.console.test_console_routes import PHONE, talk
 APPROVAL = "a1b2c3d4e5f6"
 
 
-async def _pending(store: TransactionalStore, session_id: str) -> None:
+async def _pending(
+    store: TransactionalStore,
+    session_id: str,
+    arguments: str = '{"note": "<b>now</b>", "order_id": "1001"}',
+) -> None:
     now = time.time()
     async with store.transaction() as tx:
         await ensure_approvals_schema_in(tx)
@@ -28,7 +33,7 @@ async def _pending(store: TransactionalStore, session_id: str) -> None:
                 APPROVAL,
                 session_id,
                 PHONE,
-                '{"note": "<b>now</b>", "order_id": "1001"}',
+                arguments,
                 now,
                 now + 600,
             ),
@@ -85,3 +90,14 @@ def test_approvals_page_lists_and_decides_once_with_csrf(console: ConsoleRig) ->
     assert sent[-1].text.endswith("Done, refunded.")
     assert console.call(_state, console.store) in ("done by operator", "approved by operator")
     assert "No tool call is waiting for approval." in console.client.get("/console/approvals").text
+
+
+def test_the_page_shows_the_whole_call(console: ConsoleRig) -> None:
+    """G5: an argument past the short form's cut is on the page whole."""
+    session_id = talk(console)
+    to = "anna@example-customer.com,billing@example-customer.com,exfil@evil.example"
+    arguments = json.dumps({"to": to, "body": "Hello " + "x" * 400})
+    console.call(_pending, console.store, session_id, arguments)
+    console.sign_in()
+    html = console.client.get("/console/approvals").text
+    assert "exfil@evil.example" in html and "x" * 400 in html

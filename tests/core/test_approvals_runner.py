@@ -9,17 +9,19 @@ import pytest
 from bot.core.agent import Agent, tool
 from bot.core.approvals import (
     DECLINED_RESULT,
+    DETAILS,
     EXPIRED_RESULT,
     UNKNOWN_RESULT,
     WAITING_RESULT,
     approval_prompt,
+    details_text,
     parse_approval_button,
 )
 from bot.core.messages import Message, Role
 from bot.core.models import ScriptedModel
 from bot.core.runner import Runner
 from bot.core.stores.in_memory import SessionStore
-from bot.core.tools import ToolContext
+from bot.core.tools import Decline, ToolContext
 from bot.errors import ChatflowError
 
 SID = "test-approvals-0001"
@@ -72,7 +74,7 @@ async def test_a_gated_call_ends_the_turn_with_a_question_and_runs_nothing() -> 
     assert pending is not None
     assert (pending.tool_name, pending.agent) == ("refund", "Billing")
     assert pending.arguments == {"order_id": "1001", "amount": 25}
-    assert result.content == "Billing wants to run refund with order_id=1001, amount=25"
+    assert result.content == "May I refund an order?\nOrder id: 1001\nAmount: 25"
     assert result.content == approval_prompt(pending)
     assert [b.label for b in result.buttons] == ["Approve", "Deny"]
     assert [parse_approval_button(b.effective_value) for b in result.buttons] == [
@@ -189,7 +191,7 @@ async def test_a_policy_that_raises_asks_for_approval() -> None:
     async with Runner(agent, SessionStore(), model=model) as runner:
         result = await runner.run_async(SID, "wipe")
     assert result.pending_approval is not None
-    assert result.content == "Ops wants to run wipe"
+    assert result.content == "May I wipe?"
 
 
 async def test_other_calls_of_the_answer_run_and_a_second_gated_one_waits() -> None:
@@ -259,10 +261,95 @@ async def test_a_resumed_turn_that_fails_rolls_back_like_any_turn() -> None:
     assert session.history == before
 
 
-def test_needs_approval_must_be_a_bool_or_a_callable() -> None:
+def test_needs_approval_must_be_a_bool_a_question_or_a_callable() -> None:
     with pytest.raises(TypeError):
 
-        @tool(needs_approval=cast(Any, "yes"))
+        @tool(needs_approval=cast(Any, 42))
         def nope() -> str:
             """No."""
             return ""
+
+    with pytest.raises(ValueError):
+
+        @tool(needs_approval=" ")
+        def blank() -> str:
+            """No."""
+            return ""
+
+
+async def _ask(needs_approval: Any, **arguments: Any) -> tuple[Any, list[str]]:
+    """A turn whose model calls ``pay(**arguments)`` under ``needs_approval``: its result
+    and the tool's runs."""
+    ran: list[str] = []
+
+    @tool(needs_approval=needs_approval)
+    def pay(order_id: str, amount: float, note: str = "") -> str:
+        """Pay a customer back (the shop's own money).
+
+        Args:
+            order_id: The order.
+            amount: How much.
+            note: A note to the bank.
+        """
+        ran.append(order_id)
+        return "paid"
+
+    agent = Agent(name="Payer", instructions="Pay.", tools=[pay])
+    model = ScriptedModel([ScriptedModel.call("pay", **arguments), ScriptedModel.reply("ok")])
+    async with Runner(agent, SessionStore(), model=model) as runner:
+        result = await runner.run_async(SID, "pay")
+    return result, ran
+
+
+async def test_the_default_question_reads_as_a_question_to_a_customer() -> None:
+    """N4: built from the description and the values, not ``name=value`` pairs."""
+    result, ran = await _ask(True, order_id="1042", amount=25.5)
+    assert result.content == "May I pay a customer back?\nOrder id: 1042\nAmount: 25.5"
+    assert "=" not in result.content and ran == []
+    assert [b.label for b in result.buttons] == ["Approve", "Deny"]  # everything is shown
+
+
+async def test_a_tool_sets_its_own_question_as_a_template_or_a_function() -> None:
+    result, _ = await _ask(
+        "May I refund order {order_id} for {amount:.2f}?", order_id="1042", amount=25
+    )
+    assert result.content == "May I refund order 1042 for 25.00?"
+
+    def ask(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return f"Pay back order {args['order_id']} ({args['amount']})?"
+
+    result, _ = await _ask(ask, order_id="1042", amount=25)
+    assert result.content == "Pay back order 1042 (25)?"
+    assert [b.label for b in result.buttons] == ["Approve", "Deny"]
+    # A template that does not fit the call falls back to the default question.
+    result, _ = await _ask("Refund {missing}?", order_id="1042", amount=25)
+    assert result.content.startswith("May I pay a customer back?")
+
+
+async def test_a_check_declines_before_asking_and_the_model_reads_why() -> None:
+    async def unpaid(ctx: ToolContext, args: dict[str, Any]) -> Decline:
+        return Decline("Order 1042 has not been paid, so there is nothing to pay back.")
+
+    result, ran = await _ask(unpaid, order_id="1042", amount=25)
+    assert result.pending_approval is None and ran == [] and result.content == "ok"
+    session = result.new_messages
+    [tool_result] = [m.content for m in session if m.role is Role.TOOL]
+    assert tool_result is not None and "has not been paid" in tool_result
+
+
+async def test_arguments_cut_in_the_question_add_a_details_button() -> None:
+    """G5: the question cannot show the whole call, so Details sends it in full."""
+    long_note = "P.S. card 4111 1111 1111 1111 " + "x" * 300
+    result, _ = await _ask(True, order_id="1042", amount=25, note=long_note)
+    pending = result.pending_approval
+    assert pending is not None and not pending.shows_all
+    assert long_note not in result.content
+    assert [b.label for b in result.buttons] == ["Approve", "Deny", DETAILS]
+    assert parse_approval_button(result.buttons[2].effective_value) == (
+        pending.approval_id,
+        "details",
+    )
+    assert long_note in details_text(pending.tool_name, pending.arguments)
+    # A tool's own question that leaves an argument out offers Details too.
+    result, _ = await _ask("May I pay back order {order_id}?", order_id="1042", amount=25)
+    assert [b.label for b in result.buttons] == ["Approve", "Deny", DETAILS]

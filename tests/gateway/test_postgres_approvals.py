@@ -14,8 +14,10 @@ import pytest
 
 from bot import Agent, Runner
 from bot.config import Settings
+from bot.core.messages import Role
 from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.postgres import PostgresSessionStore
+from bot.errors import ModelError
 from bot.gateway.approvals import approval_rows
 from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry, Owner
@@ -126,3 +128,26 @@ async def test_only_one_process_claims_an_approved_call_to_run_it(
         "unknown",
         "unknown",
     ]
+
+
+async def test_a_failed_answer_after_the_approved_tool_keeps_that_it_ran(
+    nodes: Callable[[], Awaitable[Node]],
+) -> None:
+    """G6 on PostgreSQL: the approved call's commit of its own (history and row) holds
+    when the model then fails; the retry is answered from it and nothing runs twice."""
+    refunds.clear()
+    node = await nodes()
+    node.model.add(ScriptedModel.call("refund", order_id="1001", amount=25))
+    assert await node.adapter.deliver(make_event("refund 1001"))
+    await node.adapter.wait_for_sent(1)
+    approve = {b.label: b.token for b in node.adapter.keyboards[-1]}["Approve"]
+    node.model.add(ModelError("upstream 500"))
+    assert not await node.adapter.deliver(make_event("", tap_token=approve))
+    await node.adapter.wait_for_sent(2)
+    [row] = await approval_rows(node.gateway.store, states=("done",))
+    assert row.result == "refunded 25.0 on 1001" and refunds == [("1001", 25.0)]
+    node.model.add(ScriptedModel.reply("It went through."))
+    assert await node.adapter.deliver(make_event("did it work?"))
+    await node.adapter.wait_for_sent(3)
+    tool_results = [m.content for m in node.model.requests[-1].messages if m.role is Role.TOOL]
+    assert tool_results == ["refunded 25.0 on 1001"] and refunds == [("1001", 25.0)]

@@ -21,6 +21,7 @@ from bot.gateway.ledger.keyboards import TABLE as BUTTONS_TABLE
 from bot.gateway.taps import EXPIRED_NOTICE
 from tests.fakes.adapter import make_event
 from tests.fakes.button_adapter import ButtonAdapter
+from tests.gateway.test_reply_context import check_sent_ids_by_chat
 from tests.pgtest import pg_dsn
 
 __all__ = ["pg_dsn"]
@@ -87,3 +88,9 @@ async def test_two_processes_racing_taps_start_one_turn(
     async with gw_a.store.transaction() as tx:
         used = await tx.fetchall(f"SELECT used_at FROM {BUTTONS_TABLE}")
     assert len(used) == 2 and all(u[0] is not None for u in used)
+
+
+async def test_sent_ids_are_found_by_chat_and_thread(pg_dsn: str) -> None:
+    """R1 on PostgreSQL: the ledger's sent ids are keyed by chat (schema 4)."""
+    async with PostgresSessionStore(pg_dsn) as store:
+        await check_sent_ids_by_chat(store)

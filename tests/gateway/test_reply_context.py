@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from bot.core.models.scripted import ScriptedModel
-from bot.gateway.contract import MediaAttachment
+from bot.core.stores.base import TransactionalStore
+from bot.core.stores.sqlite import SQLiteSessionStore
+from bot.gateway.contract import MediaAttachment, SendResult
+from bot.gateway.ledger import DeliveryLedger
+from bot.gateway.ledger.obligations import Obligation
 from bot.platforms.telegram.mapping import map_update
-from tests.fakes.adapter import make_event
+from tests.fakes.adapter import FakeAdapter, make_event
 from tests.fakes.media_files import jpeg_bytes
 from tests.gateway.conftest import Rig
 
@@ -162,3 +166,105 @@ async def test_a_quoted_photo_is_named_beside_its_caption(rigs: Callable[..., ob
     assert user.content == (
         '[Replying to their own earlier message: "[photo] is it this?"]\nthis one, I mean'
     )
+
+
+class PerChatIds(FakeAdapter):
+    """Numbers its messages per chat, as Telegram does: two chats' first replies share an id."""
+
+    async def send(
+        self,
+        chat_id: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> SendResult:
+        await super().send(chat_id, text, thread_id=thread_id, reply_to=reply_to)
+        count = sum(1 for s in self.sent if s.chat_id == chat_id)
+        self.sent_ids[-1] = str(count)
+        return SendResult(message_ids=[str(count)])
+
+
+async def test_a_reply_quotes_only_its_own_chats_message_of_that_id(
+    rigs: Callable[..., object],
+) -> None:
+    rig: Rig = await rigs(adapter=PerChatIds())  # type: ignore[misc]
+    rig.model.add(
+        ScriptedModel.reply("Your private balance is 1234."),
+        ScriptedModel.reply("The group's answer."),
+        ScriptedModel.reply("Noted."),
+        ScriptedModel.reply("Noted too."),
+    )
+    await rig.adapter.deliver(make_event("balance?", chat_id="alice", sender_id="alice"))
+    await rig.adapter.wait_for_sent(1)
+    await rig.adapter.deliver(
+        make_event(
+            "@bot hi", chat_id="group", chat_type="group", sender_id="bob", mentions_bot=True
+        )
+    )
+    await rig.adapter.wait_for_sent(2)
+    assert rig.adapter.sent_ids == ["1", "1"]  # the same id in two chats
+    # Bob replies to the group's message 1 (no text in the update, as on WhatsApp or a tap).
+    await rig.adapter.deliver(
+        make_event(
+            "thanks",
+            chat_id="group",
+            chat_type="group",
+            sender_id="bob",
+            reply_to_id="1",
+            replies_to_bot=True,
+        )
+    )
+    await rig.adapter.wait_for_sent(3)
+    assert rig.model.requests[2].messages[-1].content == (
+        '[Replying to your earlier message: "The group\'s answer."]\nthanks'
+    )
+    # A reply to an id this chat never got from the bot quotes nothing at all.
+    await rig.adapter.deliver(
+        make_event("and?", chat_id="other", sender_id="carol", reply_to_id="1", replies_to_bot=True)
+    )
+    await rig.adapter.wait_for_sent(4)
+    assert rig.model.requests[3].messages[-1].content == "and?"
+    assert all("1234" not in str(r.messages) for r in rig.model.requests[1:])
+
+
+async def test_the_ledger_finds_a_sent_id_by_chat_and_thread(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(str(tmp_path / "chatflow.db"))
+    try:
+        await check_sent_ids_by_chat(store)
+    finally:
+        await store.close()
+
+
+async def check_sent_ids_by_chat(store: TransactionalStore) -> None:
+    """Two chats' messages share an id (Telegram numbers per chat), one more in a topic:
+    each is found by its own chat and thread, and only there."""
+    ledger = DeliveryLedger(store)
+    await ledger.open()
+    try:
+        ids = {}
+        for chat, thread in (("a", None), ("b", None), ("b", "7")):
+            owed = Obligation.owed(
+                obligation_id=f"o-{chat}-{thread}",
+                session_key=f"k-{chat}-{thread}",
+                session_id=f"s-{chat}-{thread}",
+                platform="telegram",
+                chat_id=chat,
+                thread_id=thread,
+                reply_to=None,
+                content=f"to {chat} {thread}",
+                message_ref=f"m-{chat}-{thread}",
+            )
+            async with store.transaction() as tx:
+                assert await ledger.record_in(tx, owed)
+            # Telegram numbers per chat: "5" in chat a, and in chat b (topic 7: "6").
+            assert await ledger.mark_delivered(owed.obligation_id, ["6" if thread else "5"])
+            ids[(chat, thread)] = owed.obligation_id
+        find = ledger.find_by_sent_id
+        assert await find("5", platform="telegram", chat=("a", None)) == ids[("a", None)]
+        assert await find("5", platform="telegram", chat=("b", None)) == ids[("b", None)]
+        assert await find("6", platform="telegram", chat=("b", "7")) == ids[("b", "7")]
+        assert await find("6", platform="telegram", chat=("b", None)) is None
+        assert await find("5", platform="telegram", chat=("c", None)) is None
+    finally:
+        await ledger.flush()

@@ -19,12 +19,21 @@ from bot.config import Settings
 from bot.core.messages import Role
 from bot.core.models.scripted import ScriptedModel
 from bot.core.stores.sqlite import SQLiteSessionStore
+from bot.gateway.approvals import approval_rows
 from bot.gateway.contract import MessageEvent, OutgoingButton
 from bot.gateway.events import event_from_dict, event_to_dict
 from bot.gateway.gateway import Gateway
+from bot.gateway.keys import hash_sender_id
 from bot.gateway.ledger.keyboards import TABLE as BUTTONS_TABLE
 from bot.gateway.ledger.obligations import TABLE
-from bot.gateway.taps import EXPIRED_NOTICE, FAILED_NOTICE, TapInfo, TapOutcome, tap_text
+from bot.gateway.taps import (
+    EXPIRED_NOTICE,
+    FAILED_NOTICE,
+    NOT_YOURS,
+    TapInfo,
+    TapOutcome,
+    tap_text,
+)
 from tests.fakes.adapter import FakeAdapter, make_event
 from tests.fakes.button_adapter import ButtonAdapter
 from tests.fakes.clock import FakeClock
@@ -40,8 +49,22 @@ def ask_size() -> ToolOutput:
 
 @tool
 def ask_approval() -> ToolOutput:
-    """Offer an approval keyboard."""
-    return ToolOutput("asked", buttons=[Button("Approve", value="test-intercept:yes:1")])
+    """Offer an approval keyboard (any member may tap it: the interceptor judges who)."""
+    return ToolOutput(
+        "asked", buttons=[Button("Approve", value="test-intercept:yes:1")], anyone_may_tap=True
+    )
+
+
+@tool
+def ask_group() -> ToolOutput:
+    """Offer a poll to the whole group."""
+    return ToolOutput("poll offered", buttons=["Monday", "Tuesday"], anyone_may_tap=True)
+
+
+@tool(needs_approval=True)
+def book(day: str) -> str:
+    """Book the outing."""
+    return f"booked {day}"
 
 
 @dataclass
@@ -81,7 +104,9 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     clock = FakeClock()
     store = SQLiteSessionStore(str(tmp_path / "chatflow.db"), clock=clock)
     model = ScriptedModel()
-    agent = Agent(name="Shop", instructions="Sell.", tools=[ask_size, ask_approval])
+    agent = Agent(
+        name="Shop", instructions="Sell.", tools=[ask_size, ask_approval, ask_group, book]
+    )
     runner = Runner(agent, store, model=model)
     adapter = ButtonAdapter()
     settings = Settings(data_dir=tmp_path, button_ttl_seconds=600)
@@ -178,6 +203,68 @@ async def test_forged_or_foreign_taps_change_nothing(rig: Rig, forge: dict[str, 
     async with rig.store.transaction() as tx:
         used = await tx.fetchall(f"SELECT used_at FROM {BUTTONS_TABLE} WHERE used_at IS NOT NULL")
     assert used == [] and await rig.turns() == 1
+
+
+def in_group(text: str, sender: str, **fields: Any) -> MessageEvent:
+    """A message of ``sender`` in the group ``group-1`` (addressed to the bot)."""
+    return make_event(
+        text,
+        chat_id="group-1",
+        chat_type="group",
+        sender_id=sender,
+        sender_name=sender.title(),
+        mentions_bot=True,
+        **fields,
+    )
+
+
+async def sessions_by_sender(rig: Rig) -> dict[str, list[str]]:
+    """The user messages of each conversation, by the sender name it last saw."""
+    async with rig.store.transaction() as tx:
+        rows = await tx.fetchall("SELECT session_id FROM chatflow_sessions ORDER BY session_id")
+    out: dict[str, list[str]] = {}
+    for (session_id,) in rows:
+        session = await rig.store.get(str(session_id))
+        assert session is not None
+        texts = [m.content or "" for m in session.history if m.role == Role.USER]
+        out[str(session.metadata.get("sender_name"))] = texts
+    return out
+
+
+async def test_another_members_tap_is_refused_and_starts_nothing(rig: Rig) -> None:
+    rig.model.add(ScriptedModel.call("ask_size"), ScriptedModel.reply("Alice, which size?"))
+    assert await rig.adapter.deliver(in_group("@bot ice cream", "alice"))
+    await rig.adapter.wait_for_sent(1)
+    keyboard = rig.adapter.keyboards[-1]
+    # Bob taps Alice's keyboard: refused, no turn, the keyboard stays open for her.
+    assert not await rig.adapter.deliver(
+        in_group("", "bob", message_id="fake:tap:bob", tap_token=keyboard[1].token)
+    )
+    assert rig.adapter.answers == [("fake:tap:bob", NOT_YOURS)]
+    assert rig.adapter.removed == [] and await rig.turns() == 1
+    rig.model.add(ScriptedModel.reply("Large it is."))
+    assert await rig.adapter.deliver(
+        in_group("", "alice", message_id="fake:tap:alice", tap_token=keyboard[1].token)
+    )
+    await rig.adapter.wait_for_sent(2)
+    assert rig.adapter.answers[-1] == ("fake:tap:alice", None)
+    assert list(await sessions_by_sender(rig)) == ["Alice"]  # Bob never spoke in it
+    assert tap_counts(rig) == {"accepted": 1.0, "refused": 1.0}
+
+
+async def test_a_keyboard_for_anyone_takes_another_members_tap(rig: Rig) -> None:
+    rig.model.add(ScriptedModel.call("ask_group"), ScriptedModel.reply("Which day, everyone?"))
+    assert await rig.adapter.deliver(in_group("@bot plan the outing", "alice"))
+    await rig.adapter.wait_for_sent(1)
+    keyboard = rig.adapter.keyboards[-1]
+    rig.model.add(ScriptedModel.reply("Tuesday, noted."))
+    assert await rig.adapter.deliver(
+        in_group("", "bob", message_id="fake:tap:bob", tap_token=keyboard[1].token)
+    )
+    await rig.adapter.wait_for_sent(2)
+    assert rig.adapter.answers == [("fake:tap:bob", None)]
+    last = rig.model.requests[-1].messages[-1]
+    assert last.content is not None and last.content.endswith("Tuesday")
 
 
 async def test_an_expired_keyboard_is_refused(rig: Rig) -> None:
@@ -321,3 +408,25 @@ def test_a_tap_survives_the_inbox_journal() -> None:
     assert back == tap and tap_text(back).endswith("value: 'size:L']")
     plain = event_to_dict(make_event("hi"))
     assert "button" not in plain and event_from_dict(plain).button is None
+
+
+async def test_a_polls_tap_leaves_the_conversations_person_its_approver(rig: Rig) -> None:
+    """G2: Bob's tap on a poll runs in Alice's conversation; the approval it asks for is
+    Alice's to give, not Bob's."""
+    rig.model.add(ScriptedModel.call("ask_group"), ScriptedModel.reply("Which day, everyone?"))
+    assert await rig.adapter.deliver(in_group("@bot plan the outing", "alice"))
+    await rig.adapter.wait_for_sent(1)
+    poll = rig.adapter.keyboards[-1]
+    rig.model.add(ScriptedModel.call("book", day="Tuesday"))
+    assert await rig.adapter.deliver(
+        in_group("", "bob", message_id="fake:tap:bob", tap_token=poll[1].token)
+    )
+    await rig.adapter.wait_for_sent(2)
+    [row] = await approval_rows(rig.store)
+    assert row.sender_ref == hash_sender_id("alice", SECRET)
+    approve = rig.adapter.keyboards[-1][0]
+    assert not await rig.adapter.deliver(
+        in_group("", "bob", message_id="fake:tap:bob-2", tap_token=approve.token)
+    )
+    assert rig.adapter.answers[-1] == ("fake:tap:bob-2", NOT_YOURS)
+    assert [r.state for r in await approval_rows(rig.store)] == ["pending"]

@@ -21,11 +21,14 @@ so nobody mistakes it for a real model. Rules, in order:
 4. The user's message carries media (a photo, a voice note, a document...):
    describe what arrived, plainly (``offline_media``).
 5. The text names a tool whose id it does not give: ask for it.
-6. An agent with tools of its own that none of rules 2-5 fits hands the
+6. An agent with the ``search_knowledge`` tool asked a question (a text ending in
+   "?" or starting with a question word) looks it up, and answers with the best
+   passage and its source (rule 1 quotes it: ``According to returns.md ...``).
+7. An agent with tools of its own that none of rules 2-6 fits hands the
    message back to the agent the conversation started with (the first to answer
    in the history). So a specialist sends a greeting or another team's question
    back to the front desk, which routes it on.
-7. Otherwise echo a short helpful answer that names the agent.
+8. Otherwise echo a short helpful answer that names the agent.
 
 A voice note's transcript counts as the user's text for rules 2, 3, 5 and 6.
 """
@@ -72,6 +75,12 @@ _ENDS = (".", "!", "?", "…")
 _EXAMPLE_RE = re.compile(r'"([^"\s]{2,40})"')
 """A quoted example in a parameter's description: ``e.g. "INV-2001"``."""
 _HANDOFF_PREFIX = "transfer_to_"  # bot.core.agent.HANDOFF_PREFIX (importing it would cycle)
+_KNOWLEDGE_TOOL = "search_knowledge"  # bot.knowledge_tools (the models know no tool module)
+_QUESTION_WORDS_TEXT = (
+    "what when where which who whom whose why how can could do does did is are was were will "
+    "would should may shall have has"
+)
+_QUESTION_WORDS = frozenset(_QUESTION_WORDS_TEXT.split())
 
 
 def _stem(word: str) -> str:
@@ -197,6 +206,8 @@ def _summarise(tool_name: str | None, content: str | None, notes: Iterable[str] 
         data = None
     if isinstance(data, dict) and set(data) == {"error"}:
         return f"{OFFLINE_PREFIX}{label} reported a problem: {data['error']}"
+    if tool_name == _KNOWLEDGE_TOOL and isinstance(data, dict):
+        return _quote_passage(data)
     if isinstance(data, dict):
         text = ", ".join(f"{key}: {value}" for key, value in data.items())
     elif isinstance(data, list):
@@ -205,6 +216,25 @@ def _summarise(tool_name: str | None, content: str | None, notes: Iterable[str] 
         text = text[: _MAX_SUMMARY - 1] + "…"
     text = text or "no result"
     return f"{OFFLINE_PREFIX}I checked {label}: {text}{'' if text.endswith(_ENDS) else '.'}"
+
+
+def _quote_passage(data: Mapping[str, Any]) -> str:
+    """The best passage ``search_knowledge`` found, with its source to cite."""
+    passages = data.get("passages")
+    best = passages[0] if isinstance(passages, list) and passages else None
+    if not isinstance(best, dict):
+        return f"{OFFLINE_PREFIX}I found nothing about that in our documents."
+    text = " ".join(str(best.get("text", "")).split())
+    if len(text) > _MAX_SUMMARY:
+        text = text[: _MAX_SUMMARY - 1] + "…"
+    heading = str(best.get("heading") or "")
+    where = f"{best.get('source')}" + (f", {heading}" if heading else "")
+    return f"{OFFLINE_PREFIX}According to {where}: {text} (source: {best.get('source')})"
+
+
+def _is_question(text: str) -> bool:
+    words = _words(text)
+    return text.strip().endswith("?") or (bool(words) and words[0] in _QUESTION_WORDS)
 
 
 def _file_notes(message: Message) -> list[str]:
@@ -372,6 +402,8 @@ class OfflineModel:
         named = next((fit for fit in fits if fit.named and fit.missing), None)
         if named is not None:
             return ModelResponse(content=_ask_for(agent, named))
+        if _is_question(user_text) and any(spec.name == _KNOWLEDGE_TOOL for spec in tools):
+            return _call(_KNOWLEDGE_TOOL, {"query": " ".join(user_text.split())})
         back = _way_back(messages, agent, tools, allowed) if user_text.strip() else None
         if back is not None:
             return _call(back.name, {})

@@ -435,6 +435,20 @@ class SQLiteSessionStore(SQLSessionStore):
                 raise StorageError("the session store is closed")
         return self._conn
 
+    async def load_extension(self, load: Callable[[sqlite3.Connection], object]) -> None:
+        """Run ``load(conn)`` (e.g. ``sqlite_vec.load``) on the database thread with extension
+        loading allowed only meanwhile: the extension is usable in this store's transactions."""
+        writer = await self._writer()
+
+        def run(conn: sqlite3.Connection) -> None:
+            conn.enable_load_extension(True)
+            try:
+                load(conn)
+            finally:
+                conn.enable_load_extension(False)
+
+        await writer.call(run)
+
     def _watch_from_here(self, tx: Transaction) -> None:
         if isinstance(tx, SyncTransaction):
             tx.watch = True

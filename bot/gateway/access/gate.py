@@ -8,8 +8,9 @@ from typing import Literal
 
 from bot.config import Settings
 from bot.gateway.access.pairing import Pairing
+from bot.gateway.access.rate_limits import sender_digest
 from bot.gateway.aliases import ChatAliases
-from bot.gateway.contract import MessageEvent
+from bot.gateway.contract import ChatType, MessageEvent
 from bot.gateway.keys import build_session_key, session_id_for
 
 __all__ = ["Admission", "Gate"]
@@ -42,6 +43,8 @@ class Gate:
         self._pairing = pairing
         # (platform, chat, chat type, thread, sender) -> (session key, session id)
         self._keys: dict[tuple[str, str, str, str | None, str], tuple[str, str]] = {}
+        # platform -> digests of ALLOWED_USERS (a job's owner is stored as a digest)
+        self._allowed_digests: dict[str, frozenset[str]] = {}
 
     async def admit(self, event: MessageEvent) -> Admission:
         """The access mode's verdict (``ACCESS_MODE``); before tx 1, so "ignore" stores nothing.
@@ -62,6 +65,46 @@ class Gate:
         if await self._pairing.is_approved(source.platform, source.sender_id):
             return "serve"
         return "pair" if source.chat_type == "dm" else "ignore"
+
+    async def admits_owner(
+        self, platform: str, chat_id: str, chat_type: ChatType, sender: str | None
+    ) -> bool:
+        """Whether the person who scheduled a job is still served, as their own message in
+        that chat would be: the allow lists and pairing approvals of now, not of when
+        they scheduled it (an operator who revoked them stops their jobs).
+
+        ``sender`` is their ``sender_digest``. A job written before owners were stored
+        has none: in a DM the chat is the person; in a group only the chat is judged.
+        """
+        if self.mode == "open":
+            return True
+        if sender is None and chat_type == "dm":
+            sender = sender_digest(platform, chat_id, self._secret)
+        s = self._settings
+        if not s.allowed_users and not s.allowed_chats:
+            if self.mode != "pairing":
+                return True
+        else:
+            chats = s.allowed_chats
+            if chat_id in chats or self.aliases.resolve(platform, chat_id) in chats:
+                return True
+            if sender is not None and sender in self._allowed_users_of(platform):
+                return True
+        if sender is None:
+            return self.mode == "pairing"  # an old group job of an unknown member
+        if self.mode == "allowlist":
+            return False
+        assert self._pairing is not None
+        return await self._pairing.is_approved_digest(platform, sender)
+
+    def _allowed_users_of(self, platform: str) -> frozenset[str]:
+        known = self._allowed_digests.get(platform)
+        if known is None:
+            known = frozenset(
+                sender_digest(platform, user, self._secret) for user in self._settings.allowed_users
+            )
+            self._allowed_digests[platform] = known
+        return known
 
     def allowed(self, event: MessageEvent) -> bool:
         """Whether the allow lists let the event in (no list set: everyone, except in

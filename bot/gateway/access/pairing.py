@@ -174,6 +174,20 @@ class Pairing:
         self._cache[key] = now
         return True
 
+    async def is_approved_digest(self, platform: str, sender: str) -> bool:
+        """Whether the operator approved the sender stored as ``sender`` (a digest), read
+        now (the scheduler asks once per job falling due, so no cache)."""
+
+        async def body(tx: Transaction) -> tuple[Any, ...] | None:
+            return await tx.fetchone(
+                f"SELECT 1 FROM {_APPROVALS} WHERE platform = ? AND sender = ?",
+                (platform, sender),
+            )
+
+        if not self._opened:
+            await self.open()
+        return await self._store.run(body, write=False) is not None
+
     async def request_in(self, tx: Transaction, platform: str, sender_id: str) -> tuple[str, bool]:
         """The sender's pending code inside ``tx`` (the one still valid, else a new one)
         and whether it was issued now: a sender is told a code once per its lifetime."""
@@ -236,11 +250,22 @@ class Pairing:
 
     async def revoke(self, target: str) -> int:
         """Withdraw an approval (and any pending code) by code, ``<platform>:<user id>``
-        or ``<platform>:user_<12 hex>`` as ``pairing list`` shows it; returns rows removed."""
+        or ``<platform>:user_<12 hex>`` as ``pairing list`` shows it; returns rows removed.
+
+        The revoked senders' scheduled jobs are cancelled in the same transaction: a
+        person the operator removed gets no more reminders and costs no more turns.
+        """
+        from bot.gateway.scheduled_jobs import cancel_jobs_in  # only the operator's command
+
         platform, sep, user = target.partition(":")
         statements: list[tuple[str, tuple[str, ...]]]
+        revoked: tuple[str, tuple[str, ...]]
         if not sep:
             code = normalize_code(target)
+            revoked = (
+                f"SELECT platform, sender FROM {_APPROVALS} WHERE code_hash = ?",
+                (self._code_hash(code),),
+            )
             statements = [
                 (f"DELETE FROM {_APPROVALS} WHERE code_hash = ?", (self._code_hash(code),)),
                 (f"DELETE FROM {_REQUESTS} WHERE code = ?", (code,)),
@@ -253,16 +278,24 @@ class Pairing:
                     "sender = ?",
                     (platform, sender_digest(platform, user, self._secret)),
                 )
+            revoked = (
+                f"SELECT platform, sender FROM {_APPROVALS} WHERE platform = ? AND {match}",
+                params,
+            )
             statements = [
                 (f"DELETE FROM {table} WHERE platform = ? AND {match}", params)
                 for table in (_APPROVALS, _REQUESTS)
             ]
-        removed = 0
+        removed = cancelled = 0
         async with self._store.transaction() as tx:
             await self._ensure_in(tx)
+            for who_platform, who in await tx.fetchall(*revoked):
+                cancelled += await cancel_jobs_in(tx, platform=str(who_platform), sender=str(who))
             for sql, args in statements:
                 removed += max(await tx.execute(sql, args), 0)
         self._cache.clear()
+        if cancelled:
+            logger.info("pairing revoked: %d scheduled job(s) of the sender cancelled", cancelled)
         return removed
 
     async def prune(self) -> int:

@@ -483,9 +483,12 @@ class LedgerCore:
                 )
             sent = [(p, i, m.obligation_id) for m, p in written for i in m.message_ids]
             if sent:
+                # The chat comes from the row: message ids are only unique per chat.
                 await tx.executemany(
-                    f"INSERT INTO {SENT_TABLE} (platform, message_id, obligation_id) "
-                    "VALUES (?, ?, ?) ON CONFLICT(platform, message_id) DO NOTHING",
+                    f"INSERT INTO {SENT_TABLE} (platform, chat_id, message_id, obligation_id) "
+                    f"SELECT CAST(? AS TEXT), chat_id, CAST(? AS TEXT), obligation_id FROM {TABLE} "
+                    "WHERE obligation_id = ? "
+                    "ON CONFLICT(platform, chat_id, message_id) DO NOTHING",
                     sent,
                 )
             return {m.obligation_id for m, _ in written}
@@ -606,20 +609,39 @@ class LedgerCore:
     # -- platform status reports ------------------------------------------------------
 
     async def find_by_sent_id(
-        self, platform_message_id: str, *, platform: str | None = None
+        self,
+        platform_message_id: str,
+        *,
+        platform: str | None = None,
+        chat: tuple[str, str | None] | None = None,
     ) -> str | None:
-        """The obligation whose delivery produced ``platform_message_id`` (a WhatsApp wamid).
+        """The obligation whose delivery produced ``platform_message_id``.
 
-        ``platform`` narrows the lookup (Telegram message ids are only unique
-        per chat). Best effort: ``None`` when unknown or on a storage failure.
-        Buffered delivered marks are committed first, so a just-sent id is found.
+        ``platform`` narrows the lookup; ``chat`` (chat id, thread id) too, and
+        it is required wherever the answer is shown to someone: Telegram numbers
+        messages per chat, so an id alone may name another chat's message (a
+        WhatsApp wamid is unique). Best effort: ``None`` when unknown or on a
+        storage failure. Buffered delivered marks are committed first, so a
+        just-sent id is found.
         """
         await self.flush()
-        sql = f"SELECT obligation_id FROM {SENT_TABLE} WHERE message_id = ?"
+        sql = (
+            f"SELECT s.obligation_id FROM {SENT_TABLE} s JOIN {TABLE} o "
+            "ON o.obligation_id = s.obligation_id WHERE s.message_id = ?"
+        )
         params: tuple[str, ...] = (platform_message_id,)
         if platform is not None:
-            sql += " AND platform = ?"
+            sql += " AND s.platform = ?"
             params += (platform,)
+        if chat is not None:
+            chat_id, thread_id = chat
+            sql += " AND s.chat_id = ? AND o.chat_id = ?"
+            params += (chat_id, chat_id)
+            if thread_id is None:
+                sql += " AND o.thread_id IS NULL"
+            else:
+                sql += " AND o.thread_id = ?"
+                params += (thread_id,)
 
         async def body(tx: Transaction) -> list[tuple[object, ...]]:
             return await tx.fetchall(sql + " LIMIT 1", params)

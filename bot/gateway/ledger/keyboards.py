@@ -8,6 +8,13 @@ A tap is resolved by token (``find_button``); the first accepted tap marks the
 whole keyboard used with a guarded UPDATE (``mark_used_in``), so two taps racing
 in two processes start one turn. Component ``chatflow_buttons``, its own
 migrations.
+
+A keyboard belongs to the person it was sent to (``owner_ref``: the keyed hash
+of the sender whose message the turn answered, set in the same tx 2 by
+``set_owner_in``); only a keyboard recorded with ``anyone`` (a tool's
+``ToolOutput(..., anyone_may_tap=True)``, a poll for a whole group) takes
+another member's tap. Rows from before version 2, and keyboards of turns that
+answered nobody in particular (a scheduled turn), have no owner.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ __all__ = [
     "new_token",
     "prune_in",
     "record_keyboard_in",
+    "set_owner_in",
 ]
 
 COMPONENT: Final = "chatflow_buttons"
@@ -57,6 +65,12 @@ MIGRATIONS: Final = {
         "used_at REAL)",
         f"CREATE INDEX IF NOT EXISTS {TABLE}_keyboard ON {TABLE} (keyboard_id)",
         f"CREATE INDEX IF NOT EXISTS {TABLE}_created ON {TABLE} (created_at)",
+    ),
+    # 2: whose keyboard it is (G2 of the 2026-12-07 review: another member's tap acted
+    # in the owner's conversation), and whether anyone may tap it.
+    2: (
+        f"ALTER TABLE {TABLE} ADD COLUMN owner_ref TEXT",
+        f"ALTER TABLE {TABLE} ADD COLUMN anyone INTEGER NOT NULL DEFAULT 0",
     ),
 }
 """Schema versions of the buttons table (component ``chatflow_buttons``)."""
@@ -120,9 +134,22 @@ class TapInfo:
     """When the keyboard was recorded (UTC)."""
     used_at: datetime | None
     """When a tap used the keyboard; ``None`` while it is open."""
+    owner_ref: str | None = None
+    """Keyed hash of the person it was sent to (``user_<12hex>``); ``None``: nobody in
+    particular (a scheduled turn's, or a row from before owners were kept)."""
+    anyone: bool = False
+    """True: any member of the chat may tap it (``ToolOutput.anyone_may_tap``)."""
+
+    def may_tap(self, sender_ref: str) -> bool:
+        """Whether the sender of keyed hash ``sender_ref`` may use this keyboard."""
+        return self.anyone or self.owner_ref is None or self.owner_ref == sender_ref
 
 
 _COLUMNS: Final = (
+    "token, keyboard_id, obligation_id, position, platform, chat_id, thread_id, "
+    "session_key, session_id, label, value, created_at, used_at, owner_ref, anyone"
+)
+_INSERTED: Final = (
     "token, keyboard_id, obligation_id, position, platform, chat_id, thread_id, "
     "session_key, session_id, label, value, created_at, used_at"
 )
@@ -146,6 +173,8 @@ def _decode(row: Sequence[Any]) -> TapInfo:
         button=Button(str(label), value),
         created_at=from_epoch(created_at),
         used_at=None if used_at is None else from_epoch(used_at),
+        owner_ref=None if row[13] is None else str(row[13]),
+        anyone=bool(row[14]),
     )
 
 
@@ -169,7 +198,7 @@ async def record_keyboard_in(
 ) -> None:
     """One row per button of a keyboard, in the caller's transaction (the reply's tx 2)."""
     await tx.executemany(
-        f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL) "
+        f"INSERT INTO {TABLE} ({_INSERTED}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL) "
         "ON CONFLICT(token) DO NOTHING",
         [
             (
@@ -188,6 +217,16 @@ async def record_keyboard_in(
             )
             for position, b in enumerate(buttons)
         ],
+    )
+
+
+async def set_owner_in(
+    tx: Transaction, keyboard_id: str, owner_ref: str | None, *, anyone: bool
+) -> None:
+    """Record whose keyboard ``keyboard_id`` is, in the transaction that recorded it."""
+    await tx.execute(
+        f"UPDATE {TABLE} SET owner_ref = ?, anyone = ? WHERE keyboard_id = ?",
+        (owner_ref, 1 if anyone else 0, keyboard_id),
     )
 
 

@@ -210,7 +210,8 @@ class Obligation:
 TABLE: Final = "chatflow_delivery_obligations"
 """One row per obligation."""
 SENT_TABLE: Final = "chatflow_delivery_sent"
-"""Platform message id -> obligation, for the platforms' later status reports."""
+"""(platform, chat, platform message id) -> obligation: for the platforms' later status
+reports and the reply context of a reply to the bot."""
 MIGRATIONS: Final = {
     1: (
         f"CREATE TABLE IF NOT EXISTS {TABLE} ("
@@ -250,8 +251,25 @@ MIGRATIONS: Final = {
     2: (f"ALTER TABLE {TABLE} ADD COLUMN attachments TEXT",),
     # 3: the buttons a reply carries (JSON: token, label, value); rows before it have none.
     3: (f"ALTER TABLE {TABLE} ADD COLUMN buttons TEXT",),
-    # 4: the trace context of the span that owed the reply (tracing on); NULL before it.
-    4: (f"ALTER TABLE {TABLE} ADD COLUMN traceparent TEXT",),
+    # 4: sent ids keyed by chat too: Telegram numbers messages per chat, so two chats'
+    # messages share ids (the second one's id was dropped, and a lookup by id alone
+    # found the other chat's reply).
+    4: (
+        f"CREATE TABLE IF NOT EXISTS {SENT_TABLE}_v4 ("
+        "platform TEXT NOT NULL, "
+        "chat_id TEXT NOT NULL, "
+        "message_id TEXT NOT NULL, "
+        "obligation_id TEXT NOT NULL, "
+        "PRIMARY KEY (platform, chat_id, message_id))",
+        f"INSERT INTO {SENT_TABLE}_v4 (platform, chat_id, message_id, obligation_id) "
+        f"SELECT s.platform, o.chat_id, s.message_id, s.obligation_id FROM {SENT_TABLE} s "
+        f"JOIN {TABLE} o ON o.obligation_id = s.obligation_id",
+        f"DROP TABLE {SENT_TABLE}",
+        f"ALTER TABLE {SENT_TABLE}_v4 RENAME TO {SENT_TABLE}",
+        f"CREATE INDEX IF NOT EXISTS {SENT_TABLE}_obligation ON {SENT_TABLE} (obligation_id)",
+    ),
+    # 5: the trace context of the span that owed the reply (tracing on); NULL before it.
+    5: (f"ALTER TABLE {TABLE} ADD COLUMN traceparent TEXT",),
 }
 """Schema versions of the ledger's tables (component ``delivery_ledger``)."""
 COLUMNS: Final = (

@@ -175,10 +175,23 @@ class WhatsAppButtons:
 
     async def answer_tap(self, event: MessageEvent, notice: str | None) -> None:
         """WhatsApp has no callback answer: a notice (a refused tap) is sent as a short
-        text; never raises."""
-        if notice is None:
+        free-form text, and only inside the person's 24-hour window. Never as the paid
+        template (a tap on yesterday's buttons would cost a message each), never
+        retried, and skipped when the pacer has no room for it; never raises."""
+        wa = self._wa
+        if notice is None or wa is None:
             return
+        chat_id = event.source.chat_id
         try:
-            await self.send(event.source.chat_id, notice)
+            if await self._window_closed(chat_id):
+                logger.info("WhatsApp tap notice not sent: outside the 24-hour window")
+                return
+            if not await self._take_turn(chat_id, optional=True):
+                logger.info("WhatsApp tap notice not sent: no room in the send pace")
+                return
+            sent = await wa.send_message(to=chat_id, text=notice)
         except Exception as exc:  # best effort: the tap itself is decided
+            # Meta's 131047 (window closed on its clock) included: no template fallback.
             logger.warning("WhatsApp tap notice not sent (%s)", type(exc).__name__)
+            return
+        self._sent_ids.add(sent.id)

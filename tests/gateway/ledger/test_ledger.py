@@ -22,12 +22,16 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from bot.core.sql import ensure_schema
 from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.instances import Owner, _process_start_ticks, is_owner_alive
 from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import (
     MAX_ATTEMPTS,
+    MIGRATIONS,
     RECOVERED_MARKER,
+    SENT_TABLE,
+    TABLE,
     Obligation,
     compute_obligation_id,
 )
@@ -51,6 +55,32 @@ def test_obligation_id_formula() -> None:
     assert compute_obligation_id("k:topic:1", "m", "x") != compute_obligation_id(
         "k:topic:2", "m", "x"
     )
+
+
+async def test_schema_4_keeps_the_sent_ids_and_keys_them_by_chat(
+    store: SQLiteSessionStore,
+) -> None:
+    """A ledger at schema 3 (sent ids keyed by platform and id only) moves to 4 with
+    its ids; then a second chat's message of the same id is recorded too."""
+    async with store.transaction() as tx:
+        await ensure_schema(tx, "delivery_ledger", {v: MIGRATIONS[v] for v in (1, 2, 3)})
+        await tx.execute(
+            f"INSERT INTO {TABLE} (obligation_id, session_key, session_id, platform, chat_id, "
+            "thread_id, reply_to, message_ref, content, state, attempts, maybe_delivered, "
+            "owner_pid, owner_instance, created_at, fresh_since, updated_at) VALUES "
+            "('o-a', 'k', 's', 'telegram', 'a', NULL, NULL, 'm', 'to a', 'delivered', 1, 0, "
+            "0, '', 0, 0, 0)"
+        )
+        await tx.execute(
+            f"INSERT INTO {SENT_TABLE} (platform, message_id, obligation_id) "
+            "VALUES ('telegram', '5', 'o-a')"
+        )
+    ledger = DeliveryLedger(store)
+    await ledger.open()
+    assert await ledger.find_by_sent_id("5", platform="telegram", chat=("a", None)) == "o-a"
+    async with store.transaction() as tx:
+        rows = await tx.fetchall(f"SELECT platform, chat_id, message_id FROM {SENT_TABLE}")
+    assert rows == [("telegram", "a", "5")]
 
 
 def test_marker_prefixes_resent_text() -> None:
@@ -84,7 +114,7 @@ async def test_open_twice_and_schema_versions(
         indexes = {
             r[1] for r in await tx.fetchall("PRAGMA index_list(chatflow_delivery_obligations)")
         }
-    assert ("delivery_ledger", 4) in versions and ("chatflow_buttons", 1) in versions
+    assert ("delivery_ledger", 5) in versions and ("chatflow_buttons", 2) in versions
     assert any("state_next" in i for i in indexes)
     assert any("platform_state" in i for i in indexes)
 

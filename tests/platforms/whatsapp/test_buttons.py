@@ -16,6 +16,7 @@ from bot.gateway.ledger.keyboards import new_token
 from bot.platforms.whatsapp.adapter import WhatsAppAdapter
 from bot.platforms.whatsapp.buttons import MAX_BUTTON_TITLE, MAX_ROW_TITLE, titles
 from bot.platforms.whatsapp.payload import parse_webhook
+from bot.platforms.whatsapp.templates import ReplyTemplate
 from tests.fakes.whatsapp_server import FakeWhatsAppServer
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "whatsapp"
@@ -128,3 +129,31 @@ async def test_a_refused_tap_is_told_in_a_short_text(
     await adapter.answer_tap(event, "This choice has expired.")
     (sent,) = graph.sent
     assert sent.json["text"]["body"] == "This choice has expired."
+
+
+async def test_a_refused_tap_outside_the_window_sends_nothing_and_never_a_template(
+    whatsapp_on_fake: tuple[WhatsAppAdapter, FakeWhatsAppServer],
+) -> None:
+    adapter, graph = whatsapp_on_fake
+    adapter.template = ReplyTemplate.configured("order_update", "en_US")
+    event = MessageEvent(
+        platform="whatsapp",
+        message_id="wamid.x",
+        source=SessionSource("whatsapp", "34600000001", "dm", "34600000001"),
+        text="title",
+        tap_token="t",
+    )
+    # Meta's clock says closed (131047): the notice is dropped, not sent as the template.
+    graph.close_window("34600000001")
+    await adapter.answer_tap(event, "This choice has expired.")
+    assert graph.sent == [] and graph.templates == []
+
+    # Our own record says closed: nothing is even tried.
+    async def closed(chat_id: str) -> bool:
+        return True
+
+    graph.closed_windows.clear()
+    adapter._window_closed = closed  # type: ignore[method-assign]
+    before = len(graph.requests)
+    await adapter.answer_tap(event, "This choice has expired.")
+    assert graph.sent == [] and graph.templates == [] and len(graph.requests) == before
