@@ -23,7 +23,7 @@ from bot.gateway.ledger import DeliveryLedger
 from bot.gateway.ledger.obligations import MIGRATIONS, TABLE, Obligation
 from bot.logs import JsonFormatter
 from bot.tracing import spans
-from bot.tracing.otel import parse_traceparent
+from bot.tracing.recorder import parse_traceparent
 from bot.tracing.setup import environment, plan
 from tests.fakes.adapter import make_event
 from tests.fakes.tracing import recording_spans

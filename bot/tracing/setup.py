@@ -6,8 +6,10 @@ unless ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``. Everything e
 is OpenTelemetry's own reading of the environment: ``OTEL_EXPORTER_OTLP_HEADERS``
 (and ``..._TRACES_HEADERS``), ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``,
 ``OTEL_TRACES_SAMPLER`` / ``..._ARG``, ``OTEL_BSP_*`` (the batch's schedule delay,
-queue and export timeout). Spans go over OTLP/HTTP (protobuf) from the SDK's batch
-thread, never from the event loop.
+queue and export timeout). Spans are recorded in this process by
+``bot.tracing.recorder`` and exported over OTLP/HTTP (protobuf) by the SDK in an
+exporter process of their own (``bot.tracing.export``, ``bot.tracing.child``),
+never from the event loop nor on this process's GIL.
 
 The ``OTEL_*`` names may also be in the ``.env`` file the settings come from; the
 process environment wins, as for every setting. Off, none of OpenTelemetry is
@@ -29,6 +31,7 @@ from bot.tracing import spans
 __all__ = [
     "CAPTURE_CONTENT_VAR",
     "DEFAULT_SERVICE_NAME",
+    "SHUTDOWN_SECONDS",
     "Tracing",
     "TracingPlan",
     "configure",
@@ -119,41 +122,33 @@ def plan(env: Mapping[str, str] | None = None) -> TracingPlan:
     return TracingPlan("otlp", endpoint, where, service, sampler, content)
 
 
-class Tracing:
-    """The SDK's provider while tracing is on; ``shutdown`` flushes what is batched."""
+SHUTDOWN_SECONDS = 10.0
+"""How long ``Tracing.shutdown`` waits for the exporter process's last export."""
 
-    def __init__(self, chosen: TracingPlan) -> None:
-        # Imported here only: off, the SDK and the exporter are never loaded.
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import (
-            BatchSpanProcessor,
-            ConsoleSpanExporter,
-            SpanExporter,
+
+class Tracing:
+    """Tracing on: the recorder installed, the exporter process running behind it;
+    ``shutdown`` sends what is queued, lets the exporter flush it, and ends it."""
+
+    def __init__(self, chosen: TracingPlan, env: Mapping[str, str] | None = None) -> None:
+        from bot.tracing.export import ChildExporter
+        from bot.tracing.recorder import Recorder, sampler_from
+
+        env = environment() if env is None else env
+        self.plan = chosen
+        assert chosen.exporter is not None
+        self.exporter = ChildExporter(chosen.exporter, chosen.endpoint, chosen.service_name, env)
+        spans.install(
+            Recorder(
+                self.exporter.submit, sampler_from(env), capture_content=chosen.capture_content
+            )
         )
 
-        from bot.tracing.otel import OtelBackend
-
-        self.plan = chosen
-        attributes: dict[str, str] = {"service.name": chosen.service_name}
-        resource = Resource.create(attributes)
-        self._provider = TracerProvider(resource=resource)
-        exporter: SpanExporter
-        if chosen.exporter == "console":
-            exporter = ConsoleSpanExporter()
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter(endpoint=chosen.endpoint)
-        self._provider.add_span_processor(BatchSpanProcessor(exporter))
-        tracer = self._provider.get_tracer("chatflow")
-        spans.install(OtelBackend(tracer, capture_content=chosen.capture_content))
-
-    def shutdown(self) -> None:
-        """Export what is batched and stop (blocking: call it off the event loop)."""
+    def shutdown(self, timeout: float = SHUTDOWN_SECONDS) -> None:
+        """Export what is queued and stop (blocking: call it off the event loop)."""
         spans.install(None)
         try:
-            self._provider.shutdown()
+            self.exporter.shutdown(timeout)
         except Exception as exc:  # the collector's fault never fails a shutdown
             logger.warning("tracing did not shut down cleanly: %s", type(exc).__name__)
 
@@ -172,6 +167,6 @@ def configure(env: Mapping[str, str] | None = None) -> Tracing | None:
     chosen = plan(env)
     if not chosen.on:
         return None
-    tracing = Tracing(chosen)
+    tracing = Tracing(chosen, env)
     logger.info("tracing %s", chosen.reason)
     return tracing

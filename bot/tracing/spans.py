@@ -3,7 +3,7 @@
 With tracing off (no ``OTEL_*`` endpoint set) nothing here imports OpenTelemetry:
 ``span`` hands back one shared do-nothing object, so an instrumented line
 costs a function call and a ``with``. ``bot.tracing.setup.configure`` installs
-the live backend (``bot.tracing.otel``) when the environment asks for it.
+the live backend (``bot.tracing.recorder``) when the environment asks for it.
 
 Carried context: a span started in one task and continued in another (the
 receipt and the lane that runs the turn) travels as ``Carried``, an opaque
@@ -19,6 +19,7 @@ Content goes on a span only through ``content`` when the operator opted in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -75,7 +76,7 @@ class Carried(Protocol):
 
 
 class Backend(Protocol):
-    """The live tracer ``bot.tracing.otel.OtelBackend`` implements."""
+    """The live tracer ``bot.tracing.recorder.Recorder`` implements."""
 
     capture_content: bool
 
@@ -231,6 +232,7 @@ def content(handle: SpanHandle, key: str, value: str | None) -> None:
         handle.set(key, value)
 
 
+@functools.lru_cache(maxsize=4096)  # the same few conversations, message after message
 def conversation_id(session_key: str) -> str:
     """``gen_ai.conversation.id``: a hash of the session key, never a chat id."""
     return hashlib.sha256(("chatflow-conversation:" + session_key).encode()).hexdigest()[:32]

@@ -18,7 +18,7 @@ from bot.gateway.approvals import approval_rows
 from bot.gateway.contract import MediaAttachment
 from bot.gateway.gateway import Gateway
 from bot.tracing import spans
-from bot.tracing.otel import parse_traceparent
+from bot.tracing.recorder import parse_traceparent
 from tests.fakes.adapter import make_event, transient
 from tests.fakes.button_adapter import ButtonAdapter
 from tests.fakes.media_files import ogg_opus_bytes, pdf_bytes

@@ -1,0 +1,113 @@
+"""The exporter process: spans from the bot rebuilt as the SDK's and exported over OTLP/HTTP.
+
+Run by ``bot.tracing.export`` as ``python -P .../child.py EXPORTER ENDPOINT SERVICE``
+(as a script, so it imports none of the bot: only the standard library and
+OpenTelemetry). It reads frames from its stdin (a 4-byte little-endian length,
+then a ``marshal``-ed list of ``bot.tracing.recorder.Record`` tuples), turns each
+record into an ``opentelemetry.sdk.trace.ReadableSpan`` and hands it to the SDK's
+``BatchSpanProcessor`` with the official exporter (OTLP/HTTP protobuf, or the
+console's), which batch, encode and post them as configured by ``OTEL_BSP_*`` and
+``OTEL_EXPORTER_OTLP_*``. At the end of its stdin (the bot stopped, or died) it
+flushes what is batched and exits. Ctrl-C's SIGINT is ignored: the bot's own
+stop closes the pipe after its last spans. It runs at a lower priority
+(``NICENESS``): on a busy machine the bot's own work comes first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from typing import IO, Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+__all__ = ["NICENESS", "SCOPE", "frames", "main", "readable"]
+
+SCOPE = InstrumentationScope("chatflow")
+_UNSET = Status(StatusCode.UNSET)
+_ERROR = Status(StatusCode.ERROR)
+_KINDS = tuple(SpanKind)
+
+
+def readable(record: tuple[Any, ...], resource: Resource) -> ReadableSpan:
+    """One ``Record`` as the SDK's finished span (what its exporters take)."""
+    (name, trace_id, span_id, parent_id, flags, kind, start, end) = record[:8]
+    attributes, links, events, failed = record[8:12]
+    trace_flags = TraceFlags(flags)
+    parent = (
+        SpanContext(trace_id, parent_id, is_remote=False, trace_flags=trace_flags)
+        if parent_id
+        else None
+    )
+    return ReadableSpan(
+        name=name,
+        context=SpanContext(trace_id, span_id, is_remote=False, trace_flags=trace_flags),
+        parent=parent,
+        resource=resource,
+        attributes=attributes,
+        events=[Event(e_name, e_attributes, timestamp=at) for e_name, at, e_attributes in events],
+        links=[
+            Link(SpanContext(t, s, is_remote=True, trace_flags=TraceFlags(f))) for t, s, f in links
+        ],
+        kind=_KINDS[kind],
+        status=_ERROR if failed else _UNSET,
+        start_time=start,
+        end_time=end,
+        instrumentation_scope=SCOPE,
+    )
+
+
+def frames(stream: IO[bytes]) -> Iterator[list[tuple[Any, ...]]]:
+    """The batches of records on ``stream``, until it ends (or a frame is cut short)."""
+    while True:
+        header = stream.read(4)
+        if len(header) < 4:
+            return
+        size = int.from_bytes(header, "little")
+        payload = stream.read(size)
+        if len(payload) < size:
+            return
+        batch = marshal.loads(payload)
+        if isinstance(batch, list):
+            yield batch
+
+
+NICENESS = 10
+"""Below the bot's priority: on a busy machine exporting waits, the bot's work does not
+(a queue that then fills drops spans, counted, as the SDK's own batch does)."""
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
+    kind, endpoint, service = argv[1:4]
+    exporter: SpanExporter
+    if kind == "console":
+        exporter = ConsoleSpanExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=endpoint)
+    resource = Resource.create({"service.name": service})
+    processor = BatchSpanProcessor(exporter)
+    try:
+        for batch in frames(sys.stdin.buffer):
+            for record in batch:
+                processor.on_end(readable(record, resource))
+    finally:
+        # Exports what is batched (within OTEL_BSP_EXPORT_TIMEOUT); the SDK leaves it untyped.
+        processor.shutdown()  # type: ignore[no-untyped-call]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
