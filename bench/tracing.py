@@ -63,9 +63,11 @@ if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
     assert tracing is not None
 with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as directory:
     level = asyncio.run(pipeline.measure_level(Path(directory), int(sys.argv[1]), light=True))
+dropped = 0
 if tracing is not None:
     tracing.shutdown()
-print(json.dumps({"level": level, "bot": bot.__file__,
+    dropped = tracing.exporter.dropped
+print(json.dumps({"level": level, "bot": bot.__file__, "dropped": dropped,
                   "otel": any(m.startswith("opentelemetry") for m in sys.modules)}))
 """
 
@@ -256,7 +258,11 @@ def main() -> int:
     )
     if off_today is not None:
         print(f"off / today = {off_today:.3f} (today = {today[1] if today else '?'})")
-    print(f"spans received while on: {exported} ({exported / max(on_messages, 1):.1f} per message)")
+    dropped = sum(r["dropped"] for r in runs["on"])
+    print(
+        f"spans received while on: {exported} ({exported / max(on_messages, 1):.1f} per "
+        f"measured message, warm-up included), dropped: {dropped}"
+    )
     if any(r["otel"] for name in ("off", "today") if name in runs for r in runs[name]):
         print("warning: OpenTelemetry was imported with tracing off")
     write_result(
@@ -273,6 +279,7 @@ def main() -> int:
             "off_over_today": off_today,
             "today_commit": today[1] if today else None,
             "spans_per_message_on": exported / max(on_messages, 1),
+            "spans_dropped_on": dropped,
             "otel_imported_when_off": any(r["otel"] for r in runs["off"]),
             "otel_imported_in_the_bot_when_on": any(r["otel"] for r in runs["on"]),
         },

@@ -3,12 +3,12 @@
 Run by ``bot.tracing.export`` as ``python -P .../child.py EXPORTER ENDPOINT SERVICE``
 (as a script, so it imports none of the bot: only the standard library and
 OpenTelemetry). It reads frames from its stdin (a 4-byte little-endian length,
-then a ``marshal``-ed list of ``bot.tracing.recorder.Record`` tuples), turns each
-record into an ``opentelemetry.sdk.trace.ReadableSpan`` and hands it to the SDK's
-``BatchSpanProcessor`` with the official exporter (OTLP/HTTP protobuf, or the
-console's), which batch, encode and post them as configured by ``OTEL_BSP_*`` and
-``OTEL_EXPORTER_OTLP_*``. At the end of its stdin (the bot stopped, or died) it
-flushes what is batched and exits. Ctrl-C's SIGINT is ignored: the bot's own
+then a ``marshal``-ed list of ``bot.tracing.recorder.Record`` tuples: one batch,
+made by ``bot.tracing.export`` as the SDK's batch processor makes them), turns
+each record into an ``opentelemetry.sdk.trace.ReadableSpan`` and exports the
+batch with the official exporter (OTLP/HTTP protobuf, configured by
+``OTEL_EXPORTER_OTLP_*``, or the console's). At the end of its stdin (the bot
+stopped, or died) it shuts the exporter down and exits. Ctrl-C's SIGINT is ignored: the bot's own
 stop closes the pipe after its last spans. It runs at a lower priority
 (``NICENESS``): on a busy machine the bot's own work comes first.
 """
@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -98,14 +98,13 @@ def main(argv: list[str]) -> int:
 
         exporter = OTLPSpanExporter(endpoint=endpoint)
     resource = Resource.create({"service.name": service})
-    processor = BatchSpanProcessor(exporter)
     try:
         for batch in frames(sys.stdin.buffer):
-            for record in batch:
-                processor.on_end(readable(record, resource))
+            # One export a frame, finished before the next is read: a slow collector
+            # fills the pipe, then the bot's queue, which drops and counts.
+            exporter.export([readable(record, resource) for record in batch])
     finally:
-        # Exports what is batched (within OTEL_BSP_EXPORT_TIMEOUT); the SDK leaves it untyped.
-        processor.shutdown()  # type: ignore[no-untyped-call]
+        exporter.shutdown()
     return 0
 
 

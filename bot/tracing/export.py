@@ -1,16 +1,18 @@
 """Ended spans on their way to the exporter process (``bot.tracing.child``), off the hot path.
 
 ``ChildExporter.submit`` (the recorder's sink) appends a record to a bounded
-queue and returns: when the queue is full, or the exporter process is gone, the
-span is dropped and counted, never waited for. A thread of this process takes
-the queue in batches every ``FLUSH_SECONDS`` (sooner when ``BATCH`` are
-waiting), ``marshal``-s each batch and writes it to the child's stdin; the
-protobuf encoding and the HTTP posts happen in the child, on its own GIL.
+queue (``OTEL_BSP_MAX_QUEUE_SIZE``) and returns: when the queue is full, or the
+exporter process is gone, the span is dropped and counted, never waited for. A
+thread of this process batches as the SDK's batch processor does: every
+``OTEL_BSP_SCHEDULE_DELAY``, or as soon as ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` are
+waiting, it takes a batch, ``marshal``-s it and writes it to the child's stdin,
+where it becomes one export. The protobuf encoding and the HTTP posts happen in
+the child, on its own GIL.
 
 The child is owned: ``shutdown`` sends what is queued, closes the pipe (the
-child then flushes its batch and exits) and waits for it up to a timeout, then
-kills it. If the bot itself dies, the pipe closes with it and the child flushes
-and exits on its own.
+child then exports the last batch and exits) and waits for it up to a timeout,
+then kills it. If the bot itself dies, the pipe closes with it and the child
+exits on its own.
 """
 
 from __future__ import annotations
@@ -30,25 +32,26 @@ from typing import Final
 
 from bot.tracing.recorder import Record
 
-__all__ = ["BATCH", "FLUSH_SECONDS", "ChildExporter"]
+__all__ = ["DEFAULT_BATCH", "DEFAULT_DELAY_MS", "DEFAULT_QUEUE", "ChildExporter"]
 
 logger = logging.getLogger(__name__)
 
-BATCH: Final = 512
-"""Records per frame, at most (and the queue length that wakes the sender early)."""
-FLUSH_SECONDS: Final = 0.1
-"""How often the sender takes what is queued."""
+DEFAULT_BATCH: Final = 512
+"""Records a frame (an export) holds at most (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``)."""
+DEFAULT_DELAY_MS: Final = 5000
+"""How long a span may wait for its batch (``OTEL_BSP_SCHEDULE_DELAY``)."""
 DEFAULT_QUEUE: Final = 2048
-"""Records waiting at most (``OTEL_BSP_MAX_QUEUE_SIZE``, as the SDK's default)."""
+"""Records waiting at most (``OTEL_BSP_MAX_QUEUE_SIZE``)."""
 CHILD: Final = Path(__file__).with_name("child.py")
 
 
-def _queue_size(env: Mapping[str, str]) -> int:
+def _setting(env: Mapping[str, str], name: str, default: int) -> int:
+    """A positive whole number of the ``OTEL_BSP_*`` family, as the SDK's defaults."""
     try:
-        size = int(env.get("OTEL_BSP_MAX_QUEUE_SIZE") or DEFAULT_QUEUE)
+        value = int(env.get(name) or default)
     except ValueError:
-        return DEFAULT_QUEUE
-    return size if size > 0 else DEFAULT_QUEUE
+        return default
+    return value if value > 0 else default
 
 
 class ChildExporter:
@@ -61,17 +64,21 @@ class ChildExporter:
         service_name: str,
         env: Mapping[str, str],
         *,
-        flush_seconds: float = FLUSH_SECONDS,
+        flush_seconds: float | None = None,
         python: str = sys.executable,
     ) -> None:
         self.dropped = 0
         """Spans not exported: the queue was full, or the exporter process was gone."""
         self._queue: deque[Record] = deque()
-        self._limit = _queue_size(env)
+        self._limit = _setting(env, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE)
+        self._batch = min(
+            _setting(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH), self._limit
+        )
+        delay = _setting(env, "OTEL_BSP_SCHEDULE_DELAY", DEFAULT_DELAY_MS) / 1000
+        self._flush_seconds = delay if flush_seconds is None else flush_seconds
         self._wake = threading.Event()
         self._closing = False
         self._dead = False
-        self._flush_seconds = flush_seconds
         # -P: the script's folder (bot/tracing) must not shadow the standard library.
         self._process = subprocess.Popen(
             [python, "-P", str(CHILD), exporter, endpoint or "", service_name],
@@ -94,14 +101,14 @@ class ChildExporter:
             self.dropped += 1
             return
         queue.append(record)
-        if len(queue) == BATCH:
+        if len(queue) == self._batch:
             self._wake.set()
 
     def _take(self) -> list[Record]:
         queue = self._queue
         batch: list[Record] = []
         with contextlib.suppress(IndexError):  # emptied meanwhile
-            for _ in range(min(len(queue), BATCH)):
+            for _ in range(min(len(queue), self._batch)):
                 batch.append(queue.popleft())
         return batch
 
