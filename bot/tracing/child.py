@@ -8,16 +8,13 @@ made by ``bot.tracing.export`` as the SDK's batch processor makes them), turns
 each record into an ``opentelemetry.sdk.trace.ReadableSpan`` and exports the
 batch with the official exporter (OTLP/HTTP protobuf, configured by
 ``OTEL_EXPORTER_OTLP_*``, or the console's). At the end of its stdin (the bot
-stopped, or died) it shuts the exporter down and exits. Ctrl-C's SIGINT is ignored: the bot's own
-stop closes the pipe after its last spans. It runs at a lower priority
-(``NICENESS``): on a busy machine the bot's own work comes first.
+stopped, or died) it shuts the exporter down and exits. Ctrl-C's SIGINT is
+ignored: the bot's own stop closes the pipe after its last spans.
 """
 
 from __future__ import annotations
 
-import contextlib
 import marshal
-import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -29,19 +26,35 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-__all__ = ["NICENESS", "SCOPE", "frames", "main", "readable"]
+__all__ = ["SCOPE", "frames", "main", "readable"]
 
 SCOPE = InstrumentationScope("chatflow")
 _UNSET = Status(StatusCode.UNSET)
 _ERROR = Status(StatusCode.ERROR)
 _KINDS = tuple(SpanKind)
+_FLAGS = (TraceFlags(0), TraceFlags(1))
+
+
+class _Resource(Resource):
+    """The process's one resource, its hash computed once: the exporter groups every
+    span by resource, and ``Resource``'s own hash serialises it to JSON each time."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other)
 
 
 def readable(record: tuple[Any, ...], resource: Resource) -> ReadableSpan:
     """One ``Record`` as the SDK's finished span (what its exporters take)."""
     (name, trace_id, span_id, parent_id, flags, kind, start, end) = record[:8]
     attributes, links, events, failed = record[8:12]
-    trace_flags = TraceFlags(flags)
+    trace_flags = _FLAGS[flags] if flags < 2 else TraceFlags(flags)
     parent = (
         SpanContext(trace_id, parent_id, is_remote=False, trace_flags=trace_flags)
         if parent_id
@@ -53,10 +66,14 @@ def readable(record: tuple[Any, ...], resource: Resource) -> ReadableSpan:
         parent=parent,
         resource=resource,
         attributes=attributes,
-        events=[Event(e_name, e_attributes, timestamp=at) for e_name, at, e_attributes in events],
+        events=[Event(e_name, e_attributes, timestamp=at) for e_name, at, e_attributes in events]
+        if events
+        else (),
         links=[
             Link(SpanContext(t, s, is_remote=True, trace_flags=TraceFlags(f))) for t, s, f in links
-        ],
+        ]
+        if links
+        else (),
         kind=_KINDS[kind],
         status=_ERROR if failed else _UNSET,
         start_time=start,
@@ -80,15 +97,8 @@ def frames(stream: IO[bytes]) -> Iterator[list[tuple[Any, ...]]]:
             yield batch
 
 
-NICENESS = 10
-"""Below the bot's priority: on a busy machine exporting waits, the bot's work does not
-(a queue that then fills drops spans, counted, as the SDK's own batch does)."""
-
-
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError):
-        os.nice(NICENESS)
     kind, endpoint, service = argv[1:4]
     exporter: SpanExporter
     if kind == "console":
@@ -97,7 +107,7 @@ def main(argv: list[str]) -> int:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint=endpoint)
-    resource = Resource.create({"service.name": service})
+    resource = _Resource(Resource.create({"service.name": service}))
     try:
         for batch in frames(sys.stdin.buffer):
             # One export a frame, finished before the next is read: a slow collector
