@@ -65,9 +65,11 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as directory:
     level = asyncio.run(pipeline.measure_level(Path(directory), int(sys.argv[1]), light=True))
 dropped = 0
 if tracing is not None:
-    tracing.shutdown()
+    tracing.shutdown()  # waits for the exporter process: its CPU joins os.times()'s children
     dropped = tracing.exporter.dropped
+times = os.times()
 print(json.dumps({"level": level, "bot": bot.__file__, "dropped": dropped,
+                  "exporter_cpu_s": times.children_user + times.children_system,
                   "otel": any(m.startswith("opentelemetry") for m in sys.modules)}))
 """
 
@@ -259,6 +261,18 @@ def main() -> int:
     if off_today is not None:
         print(f"off / today = {off_today:.3f} (today = {today[1] if today else '?'})")
     dropped = sum(r["dropped"] for r in runs["on"])
+    cpu = {
+        name: statistics.median(r["level"]["cpu_ms_per_message"] for r in rs)
+        for name, rs in runs.items()
+    }
+    exporter_us_per_span = statistics.median(
+        r["exporter_cpu_s"] / r["spans"] * 1e6 for r in runs["on"] if r["spans"]
+    )
+    print(
+        "CPU of the bot's process per message (median, ms): "
+        + ", ".join(f"{name} {value:.3f}" for name, value in cpu.items())
+        + f"; the exporter process: {exporter_us_per_span:.0f} us a span"
+    )
     print(
         f"spans received while on: {exported} ({exported / max(on_messages, 1):.1f} per "
         f"measured message, warm-up included), dropped: {dropped}"
@@ -280,6 +294,8 @@ def main() -> int:
             "today_commit": today[1] if today else None,
             "spans_per_message_on": exported / max(on_messages, 1),
             "spans_dropped_on": dropped,
+            "cpu_ms_per_message": cpu,
+            "exporter_cpu_us_per_span": exporter_us_per_span,
             "otel_imported_when_off": any(r["otel"] for r in runs["off"]),
             "otel_imported_in_the_bot_when_on": any(r["otel"] for r in runs["on"]),
         },
