@@ -18,6 +18,7 @@ exits on its own.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import marshal
 import os
@@ -42,6 +43,8 @@ DEFAULT_DELAY_MS: Final = 5000
 """How long a span may wait for its batch (``OTEL_BSP_SCHEDULE_DELAY``)."""
 DEFAULT_QUEUE: Final = 2048
 """Records waiting at most (``OTEL_BSP_MAX_QUEUE_SIZE``)."""
+PIPE_BYTES: Final = 1 << 20
+"""The pipe to the exporter holds this much (Linux's default ``pipe-max-size``)."""
 CHILD: Final = Path(__file__).with_name("child.py")
 
 
@@ -86,6 +89,11 @@ class ChildExporter:
             env={**os.environ, **env},
             close_fds=True,
         )
+        if self._process.stdin is not None and hasattr(fcntl, "F_SETPIPE_SZ"):
+            # A deeper pipe (Linux: 64 KiB by default) rides out a moment the exporter
+            # is not scheduled on a busy machine, before the queue has to drop.
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self._process.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self._thread = threading.Thread(target=self._send, name="tracing-export", daemon=True)
         self._thread.start()
 
