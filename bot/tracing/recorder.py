@@ -229,11 +229,16 @@ class _Span:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        _restore(self.token)
+        token = self.token
         self.token = None  # the token holds the context holding this span: no cycle left
+        try:
+            _CURRENT.reset(token)  # type: ignore[arg-type]
+        except ValueError:  # left in another context
+            _restore(token)
         if kind is not None:
             # The class only: an exception's message may quote content.
-            self.fail(kind.__name__)
+            self.attributes["error.type"] = kind.__name__
+            self.error = True
         self.end()
 
 
@@ -258,13 +263,15 @@ class _Resumed:
 
 
 def _restore(token: Token[_Span | None] | None) -> None:
+    """Put back what ``token`` replaced, even from another context than its own (an
+    async generator closed elsewhere)."""
     if token is None:
         return
     try:
         _CURRENT.reset(token)
-    except ValueError:  # left in another context (an async generator closed elsewhere)
+    except ValueError:
         old = token.old_value
-        _CURRENT.set(None if old is Token.MISSING else cast(_Span | None, old))
+        _CURRENT.set(None if old is Token.MISSING else old)
 
 
 class Recorder:
@@ -292,7 +299,7 @@ class Recorder:
         root: bool,
         start_ns: int | None,
     ) -> _Span:
-        up = None if root else (cast(_Span | None, parent) or _CURRENT.get())
+        up: _Span | None = None if root else (parent or _CURRENT.get())  # type: ignore[assignment]
         if up is None:
             trace_id = getrandbits(128) or 1
             sampled = self._every or self._sampler.keeps(trace_id)
