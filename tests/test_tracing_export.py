@@ -16,6 +16,7 @@ import pytest
 from bot.tracing import spans
 from bot.tracing.export import ChildExporter
 from bot.tracing.recorder import Record, Recorder, sampler_from
+from bot.tracing.setup import configure
 from tests.fakes.otlp_server import FakeOtlpServer
 
 ENV = {"OTEL_BSP_SCHEDULE_DELAY": "20"}
@@ -149,3 +150,12 @@ def test_the_child_ends_when_the_bot_dies() -> None:
         assert select.select([exited], [], [], 30)[0], "the exporter outlived the bot"
     finally:
         os.close(exited)
+
+
+def test_an_exporter_that_cannot_start_leaves_tracing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    def cannot_start(*args: object, **kwargs: object) -> None:
+        raise PermissionError("no exec here")
+
+    monkeypatch.setattr(subprocess, "Popen", cannot_start)
+    assert configure({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}) is None
+    assert not spans.enabled()

@@ -167,6 +167,10 @@ def configure(env: Mapping[str, str] | None = None) -> Tracing | None:
     chosen = plan(env)
     if not chosen.on:
         return None
-    tracing = Tracing(chosen, env)
+    try:
+        tracing = Tracing(chosen, env)
+    except OSError as exc:  # the exporter process could not start: the bot runs untraced
+        logger.warning("tracing stays off: its exporter did not start (%s)", type(exc).__name__)
+        return None
     logger.info("tracing %s", chosen.reason)
     return tracing
