@@ -32,6 +32,7 @@ BENCHMARKS = (
     "prompt_cost",
     "compaction_cost",
     "realistic",
+    "tracing",
     "knowledge",
 )
 TIMEOUT_SECONDS = 240
@@ -205,6 +206,16 @@ def targets() -> list[dict[str, Any]]:
             share,
             "{:.1f} %",
             None if share is None else share >= 85,
+        )
+    )
+    traced = read_result("tracing") or {}
+    on_off = traced.get("on_over_off")
+    rows.append(
+        _row(
+            "pipeline with tracing on (OTLP/HTTP to 127.0.0.1) / off >= 0.95",
+            on_off,
+            "{:.3f}",
+            None if on_off is None else on_off >= 0.95,
         )
     )
     pg = read_result("pg_pipeline")

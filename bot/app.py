@@ -29,6 +29,7 @@ from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.knowledge_cli import knowledge_settings_from
 from bot.metrics import Metrics
 from bot.server import HttpServer, build_app, listen_socket
+from bot.tracing.setup import configure as configure_tracing
 
 __all__ = [
     "POLLING_CONFLICT_MESSAGE",
@@ -162,11 +163,15 @@ class Bot:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         # First: a busy port is said before the banner and before any input is read.
         sock = listen_socket(settings.http_host, settings.http_port) if self.serve_http else None
+        # OTEL_* switches tracing on (off: nothing of OpenTelemetry is even imported).
+        tracing = configure_tracing()
         try:
             await self._run(sock)
         finally:
             if sock is not None:
                 sock.close()  # a no-op once the server closed it
+            if tracing is not None:  # the batch's last spans exported (a thread, not the loop)
+                await asyncio.to_thread(tracing.shutdown)
 
     async def _run(self, sock: socket.socket | None) -> None:
         settings = self.settings

@@ -19,6 +19,7 @@ from bot.database import open_store
 from bot.errors import ChatflowError
 from bot.server import listen_socket
 from bot.setting_typos import setting_typos
+from bot.tracing.setup import plan as tracing_plan
 
 __all__ = ["CheckResult", "run_checks", "tools_line"]
 
@@ -168,6 +169,13 @@ def _check_voice(settings: Settings, loaded: LoadedAgents) -> CheckResult:
     return CheckResult("voice replies", True, detail)
 
 
+def _check_tracing() -> CheckResult:
+    """``tracing: OTLP/HTTP to http://collector:4318/v1/traces (service chatflow, ...)``,
+    or why it is off; a warning when message content is captured."""
+    chosen = tracing_plan()
+    return CheckResult("tracing", True, chosen.reason, warning=chosen.capture_content)
+
+
 async def _check_knowledge(settings: Settings, loaded: LoadedAgents) -> CheckResult:
     """The knowledge base: its size, its search mode, and a warning when agents search an
     empty base or ``EMBEDDING_MODEL`` is set where vectors cannot be stored."""
@@ -313,6 +321,7 @@ async def run_checks(settings: Settings) -> int:
     else:
         results.append(CheckResult("database", False, "not checked: DATA_DIR is unusable"))
     results.append(_check_http_port(settings))
+    results.append(_check_tracing())
     loaded: LoadedAgents | None = None
     try:
         loaded = load_agents(settings.agents_module)

@@ -9,6 +9,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Literal
 
+from bot.tracing import spans
+
 __all__ = ["JsonFormatter", "configure_logging", "log_ref", "quiet_console_logs"]
 
 # httpx logs every request URL at INFO, and Telegram URLs carry the bot token.
@@ -40,6 +42,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        ids = spans.log_ids()  # made inside a span (tracing on): one grep joins them
+        if ids is not None:
+            payload["trace_id"], payload["span_id"] = ids
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 payload[key] = value if isinstance(value, str | int | float | bool) else repr(value)

@@ -52,6 +52,20 @@ FORBIDDEN = {
     # gateway, and knows no platform and no operator agent.
     "bot/console": ("bot.platforms", "bot.app", "bot.cli", "agents"),
     "agents": ("bot.core", "bot.gateway", "bot.platforms", "bot.console", "bot.app"),
+    # Spans for every room (the core, the gateway and the logs use it): it uses none of them.
+    "bot/tracing": (
+        "bot.core",
+        "bot.gateway",
+        "bot.platforms",
+        "bot.console",
+        "bot.app",
+        "bot.cli",
+        "bot.config",
+        "bot.logs",
+        "bot.metrics",
+        "bot.errors",
+        "agents",
+    ),
 }
 # what the adapters may use of the gateway: its port, nothing else
 PLATFORM_GATEWAY_ALLOWED = ("bot.gateway.contract",)

@@ -51,6 +51,7 @@ from bot.core.session import SessionContext
 from bot.core.sql import Transaction
 from bot.core.stores.base import BaseSessionStore, TransactionalStore
 from bot.core.usage import CallUsage, record_usage_in, session_sender_in
+from bot.tracing import names, spans
 
 __all__ = [
     "BASE_DELAY",
@@ -272,7 +273,9 @@ class Compactor:
             if failed is not None and self.clock() < failed[1]:
                 return CompactionOutcome.DEFERRED
         try:
-            outcome = await self._compact(session_id, force)
+            with spans.span(names.COMPACTION, {"chatflow.compaction.forced": force}) as span:
+                outcome = await self._compact(session_id, force)
+                span.set("chatflow.compaction.outcome", str(outcome))
         except Exception as exc:
             self._failed(session_id, exc)
             return CompactionOutcome.FAILED

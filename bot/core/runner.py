@@ -55,6 +55,7 @@ from bot.core.streaming import ReplyStream, ask_model
 from bot.core.tools import FunctionTool, ToolContext, error_result
 from bot.core.usage import CallUsage
 from bot.errors import ChatflowError, EmptyAnswerError, MaxToolRoundsError, TurnError
+from bot.tracing import genai, names, spans
 
 __all__ = ["OnCommit", "RunResult", "Runner"]
 
@@ -374,14 +375,26 @@ class Runner:
                 # committed on the way (resume_async's on_ran).
                 rollback = [session.checkpoint()]
                 try:
-                    if metadata:
-                        session.metadata.update(metadata)
-                    result = await self._run_turn(
-                        session, user_message, inbound_message_id, parts, stream, calls, rollback
-                    )
-                    if before_commit is not None:
-                        result = await before_commit(result)
-                    cancelled_after_commit = await self._save(session, result, on_commit)
+                    agent = session.active_agent.name
+                    with genai.agent_span(agent, metadata, session_id) as traced:
+                        if metadata:
+                            session.metadata.update(metadata)
+                        spans.content(traced, "gen_ai.input.messages", user_message or None)
+                        result = await self._run_turn(
+                            session,
+                            user_message,
+                            inbound_message_id,
+                            parts,
+                            stream,
+                            calls,
+                            rollback,
+                        )
+                        if before_commit is not None:
+                            result = await before_commit(result)
+                        with spans.span(names.TX2):
+                            cancelled_after_commit = await self._save(session, result, on_commit)
+                        traced.set("chatflow.answered_by", result.agent)
+                        spans.content(traced, "gen_ai.output.messages", result.content)
                 except BaseException as exc:
                     session.rollback_to(rollback[-1])
                     logger.log(
@@ -459,9 +472,11 @@ class Runner:
         if on_commit is None:
             save = self.store.save(session)
         else:
+            carried = spans.capture()  # tx 2's span: the store may run this in its own task
 
             async def also(transaction: Transaction) -> None:
-                await on_commit(result, transaction)
+                with spans.resume(carried):  # rows recorded here name the span that owes them
+                    await on_commit(result, transaction)
 
             save = require_transactional(self.store, "on_commit").save(session, also=also)
         task = asyncio.ensure_future(save)
@@ -622,6 +637,8 @@ class Runner:
         """End the turn on ``pending``: the question joins the history as the agent's
         message; the call itself is added with its result once decided."""
         prompt = approval_prompt(pending)
+        with spans.span(names.APPROVAL_PAUSE, {"gen_ai.tool.name": pending.tool_name}):
+            pass  # the trace shows where the turn stopped to wait for a person
         turn.add(Message(role=Role.MODEL, content=prompt, agent=agent.name))
         logger.info(
             "Tool %s in session %s waits for approval %s",
@@ -680,16 +697,20 @@ class Runner:
         messages = session.history if agent.vision else without_images(session.history)
         tools = agent.tool_specs()
         token = current_agent_name.set(agent.name)
+        provider = getattr(model, "provider_name", "offline")
+        attributes = genai.chat_attributes(model_name, provider, agent.name)
         try:
-            response = await ask_model(
-                model,
-                stream if agent.stream and self.stream_replies else None,
-                agent.name,
-                model=model_name,
-                system=system,
-                messages=messages,
-                tools=tools,
-            )
+            with spans.span(f"chat {model_name}", attributes, kind="client") as traced:
+                response = await ask_model(
+                    model,
+                    stream if agent.stream and self.stream_replies else None,
+                    agent.name,
+                    model=model_name,
+                    system=system,
+                    messages=messages,
+                    tools=tools,
+                )
+                genai.model_answered(traced, response)
         finally:
             current_agent_name.reset(token)
         self.compactor.observe_call(session.session_id, agent, messages, tools, response.usage)
@@ -710,7 +731,27 @@ class Runner:
             return error_result(invalid_reason), None
         handoff = agent.find_handoff(call.name)
         if handoff is not None:
-            return self._handoff(handoff, handed_off)
+            with spans.span(names.HANDOFF, {"gen_ai.agent.name": agent.name}) as traced:
+                text, target = self._handoff(handoff, handed_off)
+                traced.set("chatflow.handoff.to", target.name if target else "")
+            return text, target
+        attributes = genai.tool_attributes(call.name, call.id)
+        with spans.span(f"execute_tool {call.name}", attributes) as traced:
+            genai.tool_arguments(traced, call.arguments)
+            output, target = await self._run_tool(session, agent, call, inbound_message_id, effects)
+            if isinstance(output, str):
+                spans.content(traced, "gen_ai.tool.call.result", output)
+            return output, target
+
+    async def _run_tool(
+        self,
+        session: SessionContext,
+        agent: Agent,
+        call: ToolCall,
+        inbound_message_id: str | None,
+        effects: list[object],
+    ) -> tuple[str | ToolOutput, Agent | None]:
+        """Run a function or MCP tool (not a handoff) by its name."""
         function_tool = agent.find_tool(call.name) or agent.find_mcp_tool(call.name)
         if function_tool is None:
             if call.name.startswith(HANDOFF_PREFIX):
@@ -718,8 +759,11 @@ class Runner:
             return error_result(f"unknown tool {call.name!r}"), None
         context = self._tool_context(session, agent, inbound_message_id, effects)
         try:
-            run = function_tool.run if isinstance(function_tool, FunctionTool) else None
-            return await (run or function_tool.invoke)(context, call.arguments), None
+            if isinstance(function_tool, FunctionTool):
+                return await function_tool.run(context, call.arguments), None
+            # A tool of an MCP server: its call is a span of its own inside execute_tool.
+            with spans.span(names.MCP_CALL, {"gen_ai.tool.name": call.name}, kind="client"):
+                return await function_tool.invoke(context, call.arguments), None
         except Exception as exc:  # invoke reports tool failures itself; this is a bug guard
             logger.warning("Tool %s invocation failed: %s", call.name, type(exc).__name__)
             return error_result(f"tool {call.name!r} failed"), None

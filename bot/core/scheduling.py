@@ -100,6 +100,8 @@ MIGRATIONS: Final = {
         f"ALTER TABLE {TABLE} ADD COLUMN timezone TEXT",
         f"CREATE INDEX IF NOT EXISTS {TABLE}_sender ON {TABLE} (platform, sender, state)",
     ),
+    # 3: the trace context of the turn that scheduled the job (tracing on); NULL before it.
+    3: (f"ALTER TABLE {TABLE} ADD COLUMN traceparent TEXT",),
 }
 """``MIGRATIONS[v]`` moves the jobs table from version ``v - 1`` to ``v`` (SQLite DDL)."""
 
@@ -163,6 +165,8 @@ class JobRoute:
     sender: str | None = None
     """Who asked (``sender_digest`` of the message that started the turn): the jobs'
     turns are charged to them, and revoking them cancels their jobs."""
+    traceparent: str | None = None
+    """The scheduling span's W3C ``traceparent``: each firing's trace links to it."""
 
 
 async def ensure_jobs_schema_in(tx: Transaction) -> None:
@@ -184,8 +188,8 @@ async def apply_in(
             scheduled += await tx.execute(
                 f"INSERT INTO {TABLE} (id, session_key, session_id, platform, chat_id, "
                 "thread_id, text, run_agent, cron, due_at, state, created_at, fired_count, "
-                "sender, timezone) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'scheduled', ?, 0, ?, ?) "
+                "sender, timezone, traceparent) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'scheduled', ?, 0, ?, ?, ?) "
                 "ON CONFLICT(id) DO NOTHING",
                 (
                     request.job_id,
@@ -201,6 +205,7 @@ async def apply_in(
                     now,
                     route.sender,
                     request.timezone,
+                    route.traceparent,
                 ),
             )
         else:

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 
 from bot.config import Settings
@@ -35,7 +36,7 @@ from bot.core.stores.base import TransactionalStore
 from bot.core.voice import Voice
 from bot.errors import ChatflowError, PlatformError, TapRefusedError
 from bot.gateway.access.control import AccessControl, budget_notice
-from bot.gateway.access.gate import Gate
+from bot.gateway.access.gate import Admission, Gate
 from bot.gateway.accounting import TokenAccounting
 from bot.gateway.aliases import ChatAliases
 from bot.gateway.approvals.flow import APPROVAL_REF_PREFIX, ApprovalRow, Approvals
@@ -57,6 +58,7 @@ from bot.gateway.resume import Resumer, database_away
 from bot.gateway.turns import Turns
 from bot.gateway.voice_replies import build_voice_replies
 from bot.metrics import Metrics
+from bot.tracing import names, spans
 
 __all__ = ["Gateway", "Replies"]
 
@@ -511,13 +513,44 @@ class Gateway:
             raise DispatcherBusyError("too many messages waiting", retry_after=5.0)
         # A tap goes to the conversation of the reply that carried its keyboard.
         session_key, session_id = self.taps.route(event) or self.gate.session_of(event)
+        # The message's trace begins here (off: a no-op) and ends with its reply's send.
+        with spans.span(
+            names.RECEIVE, self._receipt(event, session_key), kind="server", root=True
+        ) as receipt:
+            return await self._admit(event, session_key, session_id, admission, receipt)
+
+    def _receipt(self, event: MessageEvent, session_key: str) -> dict[str, spans.AttributeValue]:
+        """The receive span's attributes (empty while tracing is off): the platform, how
+        it delivered (an adapter with webhook routes: ``webhook``, else ``poll``), the
+        conversation as a hash."""
+        if not spans.enabled():
+            return {}
+        adapter = self._adapters.get(event.platform)
+        return {
+            names.PLATFORM: event.platform,
+            "chatflow.receipt": "webhook" if adapter is not None and adapter.routes() else "poll",
+            names.CONVERSATION_ID: spans.conversation_id(session_key),
+        }
+
+    async def _admit(
+        self,
+        event: MessageEvent,
+        session_key: str,
+        session_id: str,
+        admission: Admission,
+        receipt: spans.SpanHandle,
+    ) -> bool:
+        """tx 1, then the entry queued (or answered by the access screen)."""
         # Hold a place in the queue from tx 1 until the entry is queued: other events
         # are admitted meanwhile, a message once accepted must never find the queue
         # full, and stop() waits for it.
         self._admitting += 1
         self._admitted.clear()
         try:
-            if not await self._accept(event, session_key, session_id):
+            with spans.span(names.TX1):
+                accepted = await self._accept(event, session_key, session_id)
+            if not accepted:
+                receipt.set("chatflow.accepted", False)
                 return False
             entry = InboxEntry(
                 event=event,
@@ -525,6 +558,8 @@ class Gateway:
                 session_id=session_id,
                 received_at=event.timestamp,
                 attempts=0,
+                trace=spans.capture(),
+                queued_ns=time.time_ns() if spans.enabled() else 0,
             )
             if not await self.access.screen(entry, admission):
                 return True  # journaled and answered (or closed) without a turn
@@ -644,10 +679,31 @@ class Gateway:
     async def _work(self, item: InboxEntry | Obligation) -> None:
         if isinstance(item, Obligation):
             self._queued_sends -= 1
-            claimed = await self.ledger.claim(item)
-            if claimed is not None:
-                await self.outbox.send(claimed)
-        else:
+            # A lane's task keeps the context it was started in (maybe some message's
+            # trace): an owed reply queued here is traced on its own, linked to its owner.
+            with spans.detached():
+                claimed = await self.ledger.claim(item)
+                if claimed is not None:
+                    await self.outbox.send(claimed)
+            return
+        if item.trace is None:
+            # Recovered from the journal, scheduled or continued after an approval: its
+            # own trace, linked to the span that owed it where one was stored.
+            name = names.TURN_RECOVERED
+            if item.event.message_id.startswith(APPROVAL_REF_PREFIX):
+                name = names.CONTINUATION
+            elif item.event.scheduled:
+                name = names.SCHEDULED
+            attributes = {
+                names.PLATFORM: item.event.platform,
+                names.CONVERSATION_ID: spans.conversation_id(item.session_key),
+            }
+            with spans.span(name, attributes, root=True, link=item.link):
+                await self.turns.process(item)
+            return
+        if item.queued_ns:
+            spans.start(names.QUEUE, parent=item.trace, start_ns=item.queued_ns).end()
+        with spans.resume(item.trace):
             await self.turns.process(item)
 
     # -- outbound ----------------------------------------------------------

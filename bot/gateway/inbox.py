@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
@@ -34,6 +34,8 @@ from bot.errors import StorageError
 from bot.gateway.events import MessageEvent, event_from_dict, event_to_dict
 from bot.gateway.instances import Owner, from_epoch, to_epoch
 from bot.logs import log_ref
+from bot.tracing import spans
+from bot.tracing.spans import Carried
 
 __all__ = [
     "MAX_RECOVERIES",
@@ -82,6 +84,9 @@ _MIGRATIONS: Final = {
     ),
     # 2: owners, so several processes can share the table (rows before it have none).
     2: (f"ALTER TABLE {_TABLE} ADD COLUMN owner_instance TEXT",),
+    # 3: the receipt's trace context (tracing on): a turn re-run after a crash or by
+    # another process starts a new trace linked to it; NULL before it.
+    3: (f"ALTER TABLE {_TABLE} ADD COLUMN traceparent TEXT",),
 }
 
 
@@ -107,6 +112,14 @@ class InboxEntry:
     gave_up: bool = False
     """It died with the process ``MAX_RECOVERIES`` times while running alone: close it
     with an apology instead of running it again."""
+    trace: Carried | None = field(default=None, compare=False)
+    """The receipt's span (tracing on, received by this process): the turn continues
+    its trace."""
+    queued_ns: int = field(default=0, compare=False)
+    """When it was queued (``time.time_ns()``), for the queue wait's span; 0 if untraced."""
+    link: str | None = field(default=None, compare=False)
+    """``traceparent`` of the span that owed this turn (a scheduled job's, an approval's):
+    its new trace links to it."""
 
 
 class Inbox:
@@ -161,8 +174,9 @@ class Inbox:
             await self.open()
         now = to_epoch(self._clock())
         payload = _encode_event(event_to_dict(event))
+        parent = spans.traceparent()  # read here: the store may run the body in its own task
         return await self._store.run(
-            lambda tx: self._accept_in(tx, event, session_key, session_id, now, payload)
+            lambda tx: self._accept_in(tx, event, session_key, session_id, now, payload, parent)
         )
 
     async def accept_in(
@@ -183,13 +197,14 @@ class Inbox:
         session_id: str,
         now: float,
         payload: str,
+        parent: str | None = None,
     ) -> bool:
         if not await self._store.claim_in(tx, event.message_id):
             return False
         inserted = await tx.execute(
             f"INSERT INTO {_TABLE} (message_id, platform, session_key, session_id, "
-            "event_json, state, error, attempts, received_at, updated_at, owner_instance) "
-            "VALUES (?, ?, ?, ?, ?, 'received', NULL, 0, ?, ?, ?) "
+            "event_json, state, error, attempts, received_at, updated_at, owner_instance, "
+            "traceparent) VALUES (?, ?, ?, ?, ?, 'received', NULL, 0, ?, ?, ?, ?) "
             "ON CONFLICT(message_id) DO NOTHING",
             (
                 event.message_id,
@@ -200,6 +215,7 @@ class Inbox:
                 now,
                 now,
                 self._owner,
+                parent,
             ),
         )
         # An existing row means the message was journaled before the dedup id
@@ -323,11 +339,12 @@ class Inbox:
         lock = " FOR UPDATE SKIP LOCKED" if self._store.dialect == "postgres" else ""
         async with self._store.transaction() as tx:
             rows = await tx.fetchall(
-                f"SELECT message_id, session_key, session_id, event_json, attempts, received_at "
-                f"FROM {_TABLE} WHERE {where} ORDER BY received_at, message_id{lock}",
+                "SELECT message_id, session_key, session_id, event_json, attempts, received_at, "
+                f"traceparent FROM {_TABLE} WHERE {where} ORDER BY received_at, message_id{lock}",
                 params,
             )
-            for message_id, session_key, session_id, event_json, attempts, received_at in rows:
+            for row in rows:
+                message_id, session_key, session_id, event_json, attempts, received_at = row[:6]
                 if float(received_at) < cutoff and not str(message_id).startswith(lasting):
                     await tx.execute(
                         f"UPDATE {_TABLE} SET state = 'expired', updated_at = ? "
@@ -361,6 +378,7 @@ class Inbox:
                         received_at=from_epoch(received_at),
                         attempts=int(attempts),
                         gave_up=gave_up,
+                        link=None if row[6] is None else str(row[6]),
                     )
                 )
         if expired:

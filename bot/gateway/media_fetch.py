@@ -45,6 +45,7 @@ from bot.core.models.transcription import MeteredTranscriber, OpenAITranscriber,
 from bot.errors import ChatflowError, MediaError, ModelError
 from bot.gateway.contract import MediaAttachment, MessageEvent, PlatformAdapter
 from bot.logs import log_ref
+from bot.tracing import names, spans
 
 __all__ = [
     "FILE_KINDS",
@@ -270,6 +271,31 @@ class MediaFetcher:
         if known is not None:
             return known
         file_name = f"{noun.replace(' ', '-')}.{_extension(mime)}"
+        traced = spans.span(
+            names.TRANSCRIPTION,
+            {"gen_ai.request.model": self.transcription_model, "chatflow.media.bytes": len(data)},
+            kind="client",
+        )
+        with traced as span:
+            text = await self._transcribed(event, data, file_name, mime, noun, notices, spent)
+            span.set("chatflow.media.outcome", "failed" if text is None else "ok")
+        if text is None:
+            return None
+        await self.store.remember(note, text)
+        return text
+
+    async def _transcribed(
+        self,
+        event: MessageEvent,
+        data: bytes,
+        file_name: str,
+        mime: str,
+        noun: str,
+        notices: list[str],
+        spent: list[Usage],
+    ) -> str | None:
+        """The transcriber's text, or ``None`` (and the notice) when it failed."""
+        assert self.transcriber is not None
         try:
             if isinstance(self.transcriber, MeteredTranscriber):
                 metered = await self.transcriber.transcribe_metered(
@@ -286,7 +312,6 @@ class MediaFetcher:
             )
             notices.append(f"I couldn't make out your {noun}; could you type it instead?")
             return None
-        await self.store.remember(note, text)
         return text
 
     async def _document(
@@ -303,14 +328,22 @@ class MediaFetcher:
         if not is_readable_document(mime, media.file_name):
             notices.append("I can only read PDFs and text files, so I couldn't read that file.")
         else:
-            try:
-                extracted = await self.documents.read(
-                    data, mime, media.file_name, max_chars=self.max_document_chars
-                )
-            except MediaError as exc:
-                notices.append(str(exc))
-            else:
-                text, truncated = extracted.text, extracted.truncated
+            # Kind and size only: a file's name is the user's content.
+            attributes: dict[str, spans.AttributeValue] = {
+                "chatflow.media.mime": mime,
+                "chatflow.media.bytes": len(data),
+            }
+            with spans.span(names.DOCUMENT, attributes) as span:
+                try:
+                    extracted = await self.documents.read(
+                        data, mime, media.file_name, max_chars=self.max_document_chars
+                    )
+                except MediaError as exc:
+                    notices.append(str(exc))
+                    span.set("chatflow.media.outcome", "unreadable")
+                else:
+                    text, truncated = extracted.text, extracted.truncated
+                    span.set("chatflow.media.outcome", "ok")
         return DocumentPart(
             sha256=sha,
             mime_type=mime,

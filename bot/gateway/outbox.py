@@ -26,10 +26,11 @@ from bot.gateway.attachments import send_reply
 from bot.gateway.contract import PlatformAdapter, SendResult, StatusFailedHandler
 from bot.gateway.keys import chat_type_of
 from bot.gateway.ledger import DeliveryLedger
-from bot.gateway.ledger.obligations import Obligation
+from bot.gateway.ledger.obligations import MAX_ATTEMPTS, Obligation
 from bot.gateway.pacing import AccountPacer
 from bot.gateway.voice_replies import VoiceReplies
 from bot.metrics import Metrics
+from bot.tracing import names, spans
 
 __all__ = [
     "ADAPTER_WAIT_SECONDS",
@@ -101,7 +102,38 @@ class Outbox:
         return True
 
     async def send(self, obligation: Obligation) -> None:
-        """Send one owed reply the ledger holds as ``attempting`` for this process."""
+        """Send one owed reply the ledger holds as ``attempting`` for this process.
+
+        Traced as ``chatflow.send`` inside the turn's trace; a send outside it (a
+        resend after a crash, a retry, a scheduled message, work taken over) starts
+        a new trace linked to the span that recorded the reply.
+        """
+        if not spans.enabled():
+            await self._send(obligation, spans.NO_SPAN)
+            return
+        attributes: dict[str, spans.AttributeValue] = {
+            names.PLATFORM: obligation.platform,
+            names.CONVERSATION_ID: spans.conversation_id(obligation.session_key),
+            "chatflow.send.attempt": obligation.attempts,
+        }
+        if spans.capture() is not None:
+            with spans.span(names.SEND, attributes, kind="producer") as traced:
+                await self._send(obligation, traced)
+            return
+        # An earlier attempt ran (crashed, failed, or was refused for flood): a resend.
+        again = (
+            obligation.needs_marker or obligation.attempts > 1 or obligation.last_error is not None
+        )
+        name = names.RESEND if again else names.SEND  # SEND: e.g. an operator's message
+        if not again and obligation.message_ref.startswith("schedule:"):
+            name = names.SCHEDULED
+        attributes["chatflow.send.marker"] = obligation.needs_marker
+        with spans.span(
+            name, attributes, kind="producer", root=True, link=obligation.traceparent
+        ) as traced:
+            await self._send(obligation, traced)
+
+    async def _send(self, obligation: Obligation, traced: spans.SpanHandle) -> None:
         adapter = self._adapters.get(obligation.platform)
         if adapter is None or not adapter.is_connected:
             logger.warning(
@@ -111,6 +143,8 @@ class Outbox:
             )
             # Nothing was tried: the row waits (pending, its attempt given back) and is
             # looked at again later, or at the next start. Not a failure: no marker.
+            traced.set(names.OUTCOME, "waiting")
+            traced.set("chatflow.send.reason", "adapter not connected")
             await self.ledger.mark_waiting(
                 obligation.obligation_id,
                 f"waiting: {obligation.platform} is not connected",
@@ -119,12 +153,15 @@ class Outbox:
             return
         self.sending.add(obligation.obligation_id)
         try:
-            await self._send_owned(adapter, obligation)
+            await self._send_owned(adapter, obligation, traced)
         finally:
             self.sending.discard(obligation.obligation_id)
 
-    async def _send_owned(self, adapter: PlatformAdapter, obligation: Obligation) -> None:
+    async def _send_owned(
+        self, adapter: PlatformAdapter, obligation: Obligation, traced: spans.SpanHandle
+    ) -> None:
         if self.fence is not None and not await self.fence(obligation):
+            traced.set(names.OUTCOME, "fenced")
             logger.warning(
                 "reply %s not sent: this process's lease lapsed and the reply is no longer "
                 "surely its own (whoever owns it sends it, marked)",
@@ -140,9 +177,10 @@ class Outbox:
             await pacer.make_way(obligation.chat_id, group=group)
         try:
             # Text, then the files the reply carries (bot.gateway.attachments).
-            result = await self._send_reply(adapter, obligation)
+            result = await self._send_reply(adapter, obligation, traced)
         except PlatformError as exc:
             self.metrics.send_failures.labels(obligation.platform).inc()
+            _failed(traced, obligation, exc)
             logger.warning(
                 "sending reply %s failed (%s, retryable=%s, ambiguous=%s)",
                 obligation.obligation_id,
@@ -161,11 +199,14 @@ class Outbox:
         except Exception as exc:
             # An adapter bug: we cannot tell whether the message left, so resend with the marker.
             logger.exception("adapter %s crashed while sending", obligation.platform)
+            traced.set(names.OUTCOME, "failed")
+            traced.fail(type(exc).__name__)
             await self.ledger.mark_failed(
                 obligation.obligation_id, repr(exc), retryable=True, ambiguous=True
             )
             return
         self.metrics.replies_delivered.labels(obligation.platform).inc()
+        traced.set(names.OUTCOME, "sent")
         # Not awaited to the commit: the mark joins the next group commit and the lane
         # moves on; a crash before it lands resends with the marker.
         await self.ledger.mark_delivered(
@@ -175,7 +216,9 @@ class Outbox:
             wait=False,
         )
 
-    async def _send_reply(self, adapter: PlatformAdapter, obligation: Obligation) -> SendResult:
+    async def _send_reply(
+        self, adapter: PlatformAdapter, obligation: Obligation, traced: spans.SpanHandle
+    ) -> SendResult:
         """``send_reply``, resent in place after a flood refusal once the pause is over."""
         for resend in range(FLOOD_RESENDS + 1):
             try:
@@ -187,6 +230,11 @@ class Outbox:
                 if resend == FLOOD_RESENDS or not self.flood(obligation.platform, exc):
                     raise
                 self.metrics.send_failures.labels(obligation.platform).inc()
+                traced.event(
+                    "chatflow.send.flood_refused",
+                    {"chatflow.send.retry_after_s": float(exc.retry_after or 0.0)},
+                )
+                traced.set("chatflow.send.flood_retries", resend + 1)
                 logger.info(
                     "reply %s refused for flood; resent after %.1f s",
                     obligation.obligation_id,
@@ -235,3 +283,19 @@ class Outbox:
             await self.ledger.status_failed(platform_message_id, error, platform=platform)
 
         return handler
+
+
+def _failed(traced: spans.SpanHandle, obligation: Obligation, exc: PlatformError) -> None:
+    """A failed send's outcome on its span: retried later (after the wait the platform
+    asked for), or abandoned (refused for good, or out of attempts), and why."""
+    abandoned = not exc.retryable or (
+        exc.retry_after is None and obligation.attempts >= MAX_ATTEMPTS
+    )
+    traced.set(names.OUTCOME, "abandoned" if abandoned else "retry_later")
+    # The platform's code and our error class, never its message (it may quote the chat).
+    reason = type(exc).__name__ if exc.code is None else f"{type(exc).__name__} {exc.code}"
+    traced.set("chatflow.send.reason", reason)
+    traced.set("chatflow.send.ambiguous", exc.ambiguous)
+    if exc.retry_after is not None:
+        traced.set("chatflow.send.retry_after_s", float(exc.retry_after))
+    traced.fail(type(exc).__name__)

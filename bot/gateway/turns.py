@@ -52,6 +52,7 @@ from bot.gateway.streaming import open_drafts, stop_drafts
 from bot.gateway.takeover import TakenOverError, Takeovers
 from bot.gateway.voice_replies import VoiceReplies
 from bot.metrics import Metrics
+from bot.tracing import spans
 
 __all__ = ["MAX_INBOUND_CHARS", "TYPING_DELAY", "TYPING_INTERVAL", "Turns", "failure_cause"]
 
@@ -277,6 +278,7 @@ class Turns:
                 event.source.thread_id,
                 # Who asked: their jobs' turns are charged to them, revoking them stops them.
                 sender=None if self.accounting is None else self.accounting.sender_key(event),
+                traceparent=spans.traceparent(),  # tx 2's span: each firing's trace links to it
             )
             now = self.store.now().timestamp()
             added, _ = await apply_in(tx, result.effects, route, now)
@@ -434,9 +436,10 @@ class Turns:
             text = adapter.format_reply(text, agent or self.runner.starting_agent.name)
 
         recorded: list[Obligation] = []
+        owing = spans.traceparent()  # read here: the store may run the body elsewhere
 
         async def body(tx: Transaction) -> Obligation | None:
-            obligation = await self._record(tx, entry, text)
+            obligation = await self._record(tx, entry, text, traceparent=owing)
             if obligation is not None:
                 recorded.append(obligation)
             await self.inbox.mark_done_in(tx, entry.event.message_id, error=error)
@@ -497,6 +500,7 @@ class Turns:
         files: Sequence[OutgoingPart] = (),
         buttons: Sequence[Button] = (),
         anyone_may_tap: bool = False,
+        traceparent: str | None = None,
     ) -> Obligation | None:
         """Record the reply owed, claimed by this process (sent right after the commit);
         with ``claimed=False`` it is recorded ``pending``, for a lane to claim.
@@ -520,6 +524,7 @@ class Turns:
             message_ref=event.message_id,
             attachments=tuple(files),
             buttons=keyboard,
+            traceparent=traceparent,
         )
         if not await self.ledger.record_in(tx, obligation, claimed=claimed):
             return None

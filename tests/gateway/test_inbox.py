@@ -69,7 +69,7 @@ async def test_open_is_idempotent_and_versioned(store: SQLiteSessionStore) -> No
             "SELECT version FROM chatflow_schema_versions WHERE component = 'inbox'"
         )
         indexes = await tx.fetchall("PRAGMA index_list(chatflow_inbox)")
-    assert rows == [(2,)]  # 2 added the owner column (several processes on PostgreSQL)
+    assert rows == [(3,)]  # 2 added the owner column, 3 the receipt's trace context
     assert any("state_received" in str(ix[1]) for ix in indexes)
 
 

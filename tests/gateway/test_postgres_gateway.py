@@ -104,8 +104,8 @@ async def test_every_component_migrates_once_when_five_processes_start_together(
         await conn.close()
     assert {str(r[0]): r[1] for r in rows} == {
         "session_store": 3,
-        "inbox": 2,
-        "delivery_ledger": 4,
+        "inbox": 3,
+        "delivery_ledger": 5,
         "chatflow_buttons": 2,
         "chat_aliases": 1,
         "instances": 1,

@@ -82,6 +82,8 @@ class ModelResponse:
     """Tools the model asked to run, in order."""
     usage: Usage = field(default_factory=Usage)
     """Tokens spent on this call."""
+    finish_reason: str | None = None
+    """Why the model stopped (``stop``, ``tool_calls``, ``length``...), if it said."""
     invalid_tool_calls: dict[str, str] = field(default_factory=dict)
     """Tool call id -> why its arguments could not be used (e.g. not valid JSON).
 

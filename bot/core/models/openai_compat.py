@@ -46,6 +46,7 @@ from bot.core.models.openai_stream import (
 )
 from bot.core.parts import NO_VISION_NOTE, part_text, without_images
 from bot.errors import ModelError
+from bot.tracing import spans
 
 if TYPE_CHECKING:
     from openai._models import FinalRequestOptions
@@ -322,6 +323,8 @@ class OpenAICompatibleModel:
         self.media_store = media_store
         self._blind_models: set[str] = set()  # models that refused images
         self._client: openai.AsyncOpenAI | None = None
+        self.provider_name = "openai"
+        """``gen_ai.provider.name`` of this client's spans (the router sets its route's)."""
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAICompatibleModel(base_url={self.base_url!r})"
@@ -436,7 +439,7 @@ class OpenAICompatibleModel:
                     "/chat/completions",
                     body=request,
                     cast_to=ChatCompletion,
-                    options={"security": {"bearer_auth": True}},
+                    options=self._request_options(),
                     stream=on_text is not None,
                     stream_cls=openai.AsyncStream[ChatCompletionChunk],
                 )
@@ -456,6 +459,15 @@ class OpenAICompatibleModel:
         if not isinstance(result, ChatCompletion) or not result.choices:
             raise ModelError("model provider sent a response without choices", retryable=True)
         return self._parse(result)
+
+    @staticmethod
+    def _request_options() -> Any:
+        """The SDK's request options: bearer auth, and ``traceparent`` while tracing."""
+        options: dict[str, Any] = {"security": {"bearer_auth": True}}
+        headers = spans.provider_headers()
+        if headers:
+            options["headers"] = headers
+        return options
 
     async def _current_images(self, history: Sequence[Message]) -> dict[str, str]:
         """Data URLs of the images in the latest USER message, by SHA-256."""
@@ -494,5 +506,9 @@ class OpenAICompatibleModel:
         if content is None and not calls:
             content = message.refusal or ""
         return ModelResponse(
-            content=content, tool_calls=calls, usage=usage, invalid_tool_calls=invalid
+            content=content,
+            tool_calls=calls,
+            usage=usage,
+            invalid_tool_calls=invalid,
+            finish_reason=completion.choices[0].finish_reason,
         )

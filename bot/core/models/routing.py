@@ -330,6 +330,7 @@ class ModelRouter:
                 options["schema_transform"] = gemini_compatible_schema
             options.update(self._client_options)
             client = OpenAICompatibleModel(route.api_key or "", route.base_url, **options)
+            client.provider_name = route.provider  # gen_ai.provider.name on its spans
             self._clients[key] = client
         return client, route.model_name
 

@@ -63,6 +63,7 @@ from bot.gateway.inbox import Inbox, InboxEntry
 from bot.gateway.keys import hash_sender_id
 from bot.gateway.ledger.keyboards import find_button_in
 from bot.metrics import Metrics
+from bot.tracing import spans
 
 __all__ = [
     "APPROVAL_REF_PREFIX",
@@ -166,7 +167,7 @@ class Approvals:
         await tx.execute(
             f"INSERT INTO {TABLE} (id, session_key, session_id, platform, chat_id, thread_id, "
             "sender_ref, agent, tool_name, call_id, arguments_json, state, created_at, "
-            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+            "expires_at, traceparent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
             (
                 pending.approval_id,
                 entry.session_key,
@@ -181,6 +182,7 @@ class Approvals:
                 pending.arguments_json(),
                 now,
                 now + self.ttl_seconds,
+                spans.traceparent(),  # tx 2's span: the continuation's trace links to it
             ),
         )
 

@@ -74,6 +74,8 @@ MIGRATIONS: Final = {
     # 2: what the approved tool returned, kept with the row once it ran (G6 of the
     # 2026-12-07 review: a failed answer after the tool forgot that it ran).
     2: (f"ALTER TABLE {TABLE} ADD COLUMN result_text TEXT",),
+    # 3: the trace context of the turn that asked (tracing on); NULL before it.
+    3: (f"ALTER TABLE {TABLE} ADD COLUMN traceparent TEXT",),
 }
 """``MIGRATIONS[v]`` moves the table from version ``v - 1`` to ``v`` (SQLite DDL)."""
 
@@ -96,7 +98,8 @@ MARKERS: Final[Mapping[str, str]] = {
 
 _COLUMNS: Final = (
     "id, session_key, session_id, platform, chat_id, thread_id, sender_ref, agent, "
-    "tool_name, call_id, arguments_json, state, decided_by, created_at, expires_at, result_text"
+    "tool_name, call_id, arguments_json, state, decided_by, created_at, expires_at, "
+    "result_text, traceparent"
 )
 
 
@@ -127,6 +130,8 @@ class ApprovalRow:
     expires_at: datetime
     result: str | None = None
     """What the tool returned (the text the model read), once an approved call ran."""
+    traceparent: str | None = None
+    """The asking turn's span (tracing on): the continuation's trace links to it."""
 
     @property
     def pending(self) -> PendingApproval:
@@ -168,7 +173,7 @@ def _row(values: tuple[Any, ...]) -> ApprovalRow:
     (aid, key, sid, platform, chat, thread, sender, agent, tool_name, call_id, args, state) = (
         values[:12]
     )
-    decided_by, created_at, expires_at, result = values[12:16]
+    decided_by, created_at, expires_at, result, traceparent = values[12:17]
     return ApprovalRow(
         approval_id=str(aid),
         session_key=str(key),
@@ -186,6 +191,7 @@ def _row(values: tuple[Any, ...]) -> ApprovalRow:
         created_at=datetime.fromtimestamp(float(created_at), UTC),
         expires_at=datetime.fromtimestamp(float(expires_at), UTC),
         result=None if result is None else str(result),
+        traceparent=None if traceparent is None else str(traceparent),
     )
 
 
@@ -252,6 +258,7 @@ def _continuation(row: ApprovalRow, outcome: str, now: float) -> InboxEntry:
         session_id=row.session_id,
         received_at=received_at,
         attempts=0,
+        link=row.traceparent,
     )
 
 

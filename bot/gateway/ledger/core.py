@@ -53,6 +53,7 @@ from bot.gateway.ledger.obligations import (
     buttons_json,
     clip_error,
 )
+from bot.tracing import spans
 
 __all__ = ["STORAGE_ERRORS", "DeliveredMark", "LedgerCore"]
 
@@ -297,9 +298,9 @@ class LedgerCore:
             f"INSERT INTO {TABLE} (obligation_id, session_key, session_id, platform, chat_id, "
             "thread_id, reply_to, message_ref, content, state, attempts, maybe_delivered, "
             "last_error, owner_pid, owner_instance, owner_started, next_attempt_at, sent_ids, "
-            "created_at, fresh_since, updated_at, attachments, buttons) "
+            "created_at, fresh_since, updated_at, attachments, buttons, traceparent) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, NULL, NULL, "
-            "?, ?, ?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
+            "?, ?, ?, ?, ?, ?) ON CONFLICT(obligation_id) DO NOTHING",
             (
                 o.obligation_id,
                 o.session_key,
@@ -320,6 +321,8 @@ class LedgerCore:
                 now,
                 attachments_json(o.attachments),
                 buttons_json(o.buttons),
+                # The span that owes it (tx 2's, a scheduler's): a later resend links to it.
+                o.traceparent or spans.traceparent(),
             ),
         )
         if inserted == 1 and o.buttons:
@@ -350,6 +353,8 @@ class LedgerCore:
 
         A storage failure is logged and returns ``False`` (the reply is still sent).
         """
+        if "traceparent" not in fields:  # read here: the body may run on another thread
+            fields["traceparent"] = spans.traceparent()
 
         async def body(tx: Transaction) -> bool:
             return await self.record_in(tx, Obligation.owed(**fields))

@@ -131,6 +131,7 @@ class OwedFields(TypedDict):
     message_ref: str
     attachments: NotRequired[tuple[OutgoingPart, ...]]
     buttons: NotRequired[tuple[KeyboardButton, ...]]
+    traceparent: NotRequired[str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,9 @@ class Obligation:
     buttons: tuple[KeyboardButton, ...] = ()
     """Choices shown under the last part of ``content`` (their rows are in
     ``chatflow_buttons``); a resend carries the same tokens."""
+    traceparent: str | None = None
+    """W3C ``traceparent`` of the span that owed it (tracing on): a send outside that
+    trace (a resend after a crash, a scheduled message) starts a new trace linked to it."""
 
     @classmethod
     def owed(cls, **fields: Unpack[OwedFields]) -> Obligation:
@@ -264,13 +268,15 @@ MIGRATIONS: Final = {
         f"ALTER TABLE {SENT_TABLE}_v4 RENAME TO {SENT_TABLE}",
         f"CREATE INDEX IF NOT EXISTS {SENT_TABLE}_obligation ON {SENT_TABLE} (obligation_id)",
     ),
+    # 5: the trace context of the span that owed the reply (tracing on); NULL before it.
+    5: (f"ALTER TABLE {TABLE} ADD COLUMN traceparent TEXT",),
 }
 """Schema versions of the ledger's tables (component ``delivery_ledger``)."""
 COLUMNS: Final = (
     "obligation_id, session_key, session_id, platform, chat_id, thread_id, reply_to, "
     "content, state, attempts, last_error, created_at, maybe_delivered, message_ref, "
     "next_attempt_at, sent_ids, owner_pid, owner_instance, owner_started, fresh_since, "
-    "attachments, buttons"
+    "attachments, buttons, traceparent"
 )
 """The columns ``decode_row`` reads, in its order."""
 
@@ -316,6 +322,7 @@ def decode_row(values: Sequence[Any]) -> StoredRow:
         fresh_since,
         attachments,
         buttons,
+        traceparent,
     ) = values
     obligation = Obligation(
         obligation_id=str(obligation_id),
@@ -337,6 +344,7 @@ def decode_row(values: Sequence[Any]) -> StoredRow:
         sent_ids=tuple(json.loads(sent_ids)) if sent_ids else (),
         attachments=tuple(_ATTACHMENTS.validate_json(attachments)) if attachments else (),
         buttons=tuple(_BUTTONS.validate_json(buttons)) if buttons else (),
+        traceparent=None if traceparent is None else str(traceparent),
     )
     owner = Owner(int(owner_pid), str(owner_instance), owner_started)
     return StoredRow(obligation, owner, float(fresh_since))

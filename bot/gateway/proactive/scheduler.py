@@ -119,6 +119,8 @@ class _Job:
     run_agent: bool
     sender: str | None
     timezone: str | None
+    traceparent: str | None
+    """The scheduling turn's span (tracing on): the firing's trace links to it."""
 
     @property
     def chat_type(self) -> ChatType:
@@ -325,7 +327,7 @@ class Scheduler:
         async def body(tx: Transaction) -> tuple[Any, ...] | None:
             return await tx.fetchone(
                 "SELECT session_key, session_id, platform, chat_id, thread_id, text, cron, "
-                f"run_agent, sender, timezone FROM {TABLE} "
+                f"run_agent, sender, timezone, traceparent FROM {TABLE} "
                 "WHERE id = ? AND state = 'scheduled' AND due_at = ?",
                 (job_id, due_at),
             )
@@ -333,7 +335,7 @@ class Scheduler:
         row = await self._store.run(body, write=False)
         if row is None:
             return None
-        key, sid, platform, chat_id, thread_id, text, cron, run_agent, sender, zone = row
+        key, sid, platform, chat_id, thread_id, text, cron, run_agent, sender, zone, link = row
         return _Job(
             job_id=job_id,
             due_at=due_at,
@@ -347,6 +349,7 @@ class Scheduler:
             run_agent=bool(run_agent),
             sender=None if sender is None else str(sender),
             timezone=None if zone is None else str(zone),
+            traceparent=None if link is None else str(link),
         )
 
     async def _owner_refused(self, job: _Job) -> bool:
@@ -433,6 +436,7 @@ class Scheduler:
                 reply_to=None,
                 content=job.text,
                 message_ref=message_ref,
+                traceparent=job.traceparent,
             )
             if not await self._ledger.record_in(tx, obligation):
                 return None  # this occurrence was owed before
@@ -567,4 +571,5 @@ def _scheduled_entry(message_ref: str, job: _Job, now: float) -> InboxEntry:
         session_id=job.session_id,
         received_at=received_at,
         attempts=0,
+        link=job.traceparent,
     )

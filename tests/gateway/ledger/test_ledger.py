@@ -114,7 +114,7 @@ async def test_open_twice_and_schema_versions(
         indexes = {
             r[1] for r in await tx.fetchall("PRAGMA index_list(chatflow_delivery_obligations)")
         }
-    assert ("delivery_ledger", 4) in versions and ("chatflow_buttons", 2) in versions
+    assert ("delivery_ledger", 5) in versions and ("chatflow_buttons", 2) in versions
     assert any("state_next" in i for i in indexes)
     assert any("platform_state" in i for i in indexes)
 

@@ -1,0 +1,122 @@
+"""The exporter process: spans from the bot rebuilt as the SDK's and exported over OTLP/HTTP.
+
+Run by ``bot.tracing.export`` as ``python -P .../child.py EXPORTER ENDPOINT SERVICE``
+(as a script, so it imports none of the bot: only the standard library and
+OpenTelemetry). It reads frames from its stdin (a 4-byte little-endian length,
+then a ``marshal``-ed list of ``bot.tracing.recorder.Record`` tuples: one batch,
+made by ``bot.tracing.export`` as the SDK's batch processor makes them), turns
+each record into an ``opentelemetry.sdk.trace.ReadableSpan`` and exports the
+batch with the official exporter (OTLP/HTTP protobuf, configured by
+``OTEL_EXPORTER_OTLP_*``, or the console's). At the end of its stdin (the bot
+stopped, or died) it shuts the exporter down and exits. Ctrl-C's SIGINT is
+ignored: the bot's own stop closes the pipe after its last spans.
+"""
+
+from __future__ import annotations
+
+import marshal
+import signal
+import sys
+from collections.abc import Iterator
+from typing import IO, Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+__all__ = ["SCOPE", "frames", "main", "readable"]
+
+SCOPE = InstrumentationScope("chatflow")
+_UNSET = Status(StatusCode.UNSET)
+_ERROR = Status(StatusCode.ERROR)
+_KINDS = tuple(SpanKind)
+_FLAGS = (TraceFlags(0), TraceFlags(1))
+
+
+class _Resource(Resource):
+    """The process's one resource, its hash computed once: the exporter groups every
+    span by resource, and ``Resource``'s own hash serialises it to JSON each time."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other)
+
+
+def readable(record: tuple[Any, ...], resource: Resource) -> ReadableSpan:
+    """One ``Record`` as the SDK's finished span (what its exporters take)."""
+    (name, trace_id, span_id, parent_id, flags, kind, start, end) = record[:8]
+    attributes, links, events, failed = record[8:12]
+    trace_flags = _FLAGS[flags] if flags < 2 else TraceFlags(flags)
+    parent = (
+        SpanContext(trace_id, parent_id, is_remote=False, trace_flags=trace_flags)
+        if parent_id
+        else None
+    )
+    return ReadableSpan(
+        name=name,
+        context=SpanContext(trace_id, span_id, is_remote=False, trace_flags=trace_flags),
+        parent=parent,
+        resource=resource,
+        attributes=attributes,
+        events=[Event(e_name, e_attributes, timestamp=at) for e_name, at, e_attributes in events]
+        if events
+        else (),
+        links=[
+            Link(SpanContext(t, s, is_remote=True, trace_flags=TraceFlags(f))) for t, s, f in links
+        ]
+        if links
+        else (),
+        kind=_KINDS[kind],
+        status=_ERROR if failed else _UNSET,
+        start_time=start,
+        end_time=end,
+        instrumentation_scope=SCOPE,
+    )
+
+
+def frames(stream: IO[bytes]) -> Iterator[list[tuple[Any, ...]]]:
+    """The batches of records on ``stream``, until it ends (or a frame is cut short)."""
+    while True:
+        header = stream.read(4)
+        if len(header) < 4:
+            return
+        size = int.from_bytes(header, "little")
+        payload = stream.read(size)
+        if len(payload) < size:
+            return
+        batch = marshal.loads(payload)
+        if isinstance(batch, list):
+            yield batch
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    kind, endpoint, service = argv[1:4]
+    exporter: SpanExporter
+    if kind == "console":
+        exporter = ConsoleSpanExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=endpoint)
+    resource = _Resource(Resource.create({"service.name": service}))
+    try:
+        for batch in frames(sys.stdin.buffer):
+            # One export a frame, finished before the next is read: a slow collector
+            # fills the pipe, then the bot's queue, which drops and counts.
+            exporter.export([readable(record, resource) for record in batch])
+    finally:
+        exporter.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,355 @@
+"""The live tracer behind ``bot.tracing.spans``: light span records, no SDK in this process.
+
+A span here is a small object: random ids, ``time.time_ns()`` at its start and
+end, a dict of attributes, its links, events and whether it failed. The current
+span lives in a ``ContextVar``, so it follows tasks as asyncio copies contexts
+(``capture`` hands it to another task); ``traceparent`` and the log formatter's
+ids are read from it. An ended span that was sampled becomes a
+plain tuple (``Record``) handed to ``sink`` (``bot.tracing.export``'s queue to
+the exporter process, or a test's list): building OpenTelemetry's objects and
+encoding OTLP happen elsewhere, never on this process's GIL.
+
+Sampling follows ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` as the SDK
+reads them (``parentbased_always_on`` by default).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar, Token
+from random import getrandbits
+from time import time_ns
+from types import TracebackType
+from typing import Final, NamedTuple, cast
+
+from bot.tracing.spans import AttributeValue, Carried, Kind, SpanHandle
+
+__all__ = [
+    "EVERY_TRACE",
+    "KINDS",
+    "Record",
+    "Recorder",
+    "Sampler",
+    "SpanContext",
+    "parse_traceparent",
+    "sampler_from",
+]
+
+logger = logging.getLogger(__name__)
+
+KINDS: Final[Mapping[Kind, int]] = {
+    "internal": 0,
+    "server": 1,
+    "client": 2,
+    "producer": 3,
+    "consumer": 4,
+}
+"""``SpanKind``'s values in OpenTelemetry (and OTLP's, less one)."""
+
+Record = tuple[
+    str,  # name
+    int,  # trace id
+    int,  # span id
+    int,  # parent span id, 0 for a root
+    int,  # trace flags
+    int,  # kind (KINDS)
+    int,  # start, ns since the epoch
+    int,  # end
+    dict[str, AttributeValue],
+    tuple[tuple[int, int, int], ...],  # links: (trace id, span id, flags)
+    tuple[tuple[str, int, dict[str, AttributeValue]], ...],  # events: (name, time, attributes)
+    bool,  # failed (status ERROR)
+]
+"""An ended span as plain values: what crosses to the exporter process (``marshal``)."""
+
+
+class SpanContext(NamedTuple):
+    """A span's identity: what is current, carried to another task, or stored."""
+
+    trace_id: int
+    span_id: int
+    flags: int
+    remote: bool = False
+
+
+def parse_traceparent(value: str | None) -> SpanContext | None:
+    """The span a stored W3C ``traceparent`` names (``None`` if it is not one)."""
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) != 4 or parts[0] != "00" or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    if trace_id == 0 or span_id == 0 or not 0 <= flags <= 0xFF:
+        return None
+    return SpanContext(trace_id, span_id, flags, remote=True)
+
+
+_SAMPLED: Final = 1
+_RATIO_MASK: Final = (1 << 64) - 1
+
+
+class Sampler(NamedTuple):
+    """Which new spans are recorded: ``parent_based`` follows a parent's flag; a root
+    (or, not parent-based, every span) is kept when its trace id falls under ``ratio``."""
+
+    parent_based: bool
+    ratio: float
+
+    def keeps(self, trace_id: int) -> bool:
+        """Whether a trace of its own (not following a parent) is recorded."""
+        if self.ratio >= 1.0:
+            return True
+        if self.ratio <= 0.0:
+            return False
+        # The SDK's TraceIdRatioBased rule: the lower 64 bits under ratio * 2**64.
+        return (trace_id & _RATIO_MASK) < round(self.ratio * (1 << 64))
+
+
+EVERY_TRACE: Final = Sampler(parent_based=True, ratio=1.0)
+"""The default (``parentbased_always_on``)."""
+
+
+def sampler_from(env: Mapping[str, str]) -> Sampler:
+    """``OTEL_TRACES_SAMPLER`` (and its ``_ARG``), read as the SDK reads them."""
+    name = (env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on").strip().lower()
+    ratio = 1.0
+    if name.endswith("traceidratio"):
+        try:
+            ratio = float(env.get("OTEL_TRACES_SAMPLER_ARG") or "1.0")
+        except ValueError:
+            logger.warning("OTEL_TRACES_SAMPLER_ARG is not a number: sampling every trace")
+        if not 0.0 <= ratio <= 1.0:
+            ratio = 1.0
+    elif name.endswith("always_off"):
+        ratio = 0.0
+    elif not name.endswith("always_on"):
+        logger.warning("OTEL_TRACES_SAMPLER=%s is not supported: sampling every trace", name)
+        name = "parentbased_always_on"
+    return Sampler(name.startswith("parentbased_"), ratio)
+
+
+class _Span:
+    """One span being recorded: its ``SpanHandle``, the ``with`` block that makes it
+    current, and (in the context) what its children and ``traceparent`` read."""
+
+    __slots__ = (
+        "attributes",
+        "error",
+        "events",
+        "flags",
+        "kind",
+        "links",
+        "name",
+        "open",
+        "parent",
+        "sink",
+        "span_id",
+        "start",
+        "token",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        trace_id: int,
+        span_id: int,
+        flags: int,
+        parent: int,
+        kind: int,
+        start: int,
+        attributes: dict[str, AttributeValue],
+        links: tuple[tuple[int, int, int], ...],
+        sink: Callable[[Record], None] | None,
+    ) -> None:
+        self.name = name
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.flags = flags
+        self.parent = parent
+        self.kind = kind
+        self.start = start
+        self.attributes = attributes
+        self.links = links
+        self.events: list[tuple[str, int, dict[str, AttributeValue]]] | None = None
+        self.error = False
+        self.sink = sink  # None: not sampled, nothing is kept
+        self.open = True
+        self.token: Token[_Span | None] | None = None
+
+    def set(self, key: str, value: AttributeValue) -> None:
+        self.attributes[key] = value
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        if self.sink is None:
+            return
+        if self.events is None:
+            self.events = []
+        self.events.append((name, time_ns(), dict(attributes) if attributes else {}))
+
+    def fail(self, error_type: str) -> None:
+        self.attributes["error.type"] = error_type
+        self.error = True
+
+    def end(self) -> None:
+        if not self.open:
+            return
+        self.open = False
+        if self.sink is not None:
+            events = self.events
+            self.sink(
+                (
+                    self.name,
+                    self.trace_id,
+                    self.span_id,
+                    self.parent,
+                    self.flags,
+                    self.kind,
+                    self.start,
+                    time_ns(),
+                    self.attributes,
+                    self.links,
+                    () if events is None else tuple(events),
+                    self.error,
+                )
+            )
+
+    def __enter__(self) -> SpanHandle:
+        self.token = _CURRENT.set(self)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        token = self.token
+        self.token = None  # the token holds the context holding this span: no cycle left
+        try:
+            _CURRENT.reset(token)  # type: ignore[arg-type]
+        except ValueError:  # left in another context
+            _restore(token)
+        if kind is not None:
+            # The class only: an exception's message may quote content.
+            self.attributes["error.type"] = kind.__name__
+            self.error = True
+        self.end()
+
+
+_CURRENT: ContextVar[_Span | None] = ContextVar("chatflow_span", default=None)
+
+
+class _Resumed:
+    """``with spans.resume(...)`` / ``detached()``: another span current inside."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, span: _Span | None) -> None:
+        self._span = span
+        self._token: Token[_Span | None] | None = None
+
+    def __enter__(self) -> object:
+        self._token = _CURRENT.set(self._span)
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        _restore(self._token)
+
+
+def _restore(token: Token[_Span | None] | None) -> None:
+    """Put back what ``token`` replaced, even from another context than its own (an
+    async generator closed elsewhere)."""
+    if token is None:
+        return
+    try:
+        _CURRENT.reset(token)
+    except ValueError:
+        old = token.old_value
+        _CURRENT.set(None if old is Token.MISSING else old)
+
+
+class Recorder:
+    """Spans recorded in this process, ended ones handed to ``sink`` (``spans.Backend``)."""
+
+    def __init__(
+        self,
+        sink: Callable[[Record], None],
+        sampler: Sampler = EVERY_TRACE,
+        *,
+        capture_content: bool = False,
+    ) -> None:
+        self._sink = sink
+        self._sampler = sampler
+        self._every = sampler.parent_based and sampler.ratio >= 1.0
+        self.capture_content = capture_content
+
+    def span(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue] | None,
+        kind: Kind,
+        parent: Carried | None,
+        link: str | None,
+        root: bool,
+        start_ns: int | None,
+    ) -> _Span:
+        up: _Span | None = None if root else (parent or _CURRENT.get())  # type: ignore[assignment]
+        if up is None:
+            trace_id = getrandbits(128) or 1
+            sampled = self._every or self._sampler.keeps(trace_id)
+        else:
+            trace_id = up.trace_id
+            sampled = (
+                bool(up.flags & _SAMPLED)
+                if self._sampler.parent_based
+                else self._sampler.keeps(trace_id)
+            )
+        linked = None if link is None else parse_traceparent(link)
+        return _Span(
+            name,
+            trace_id,
+            getrandbits(64) or 1,
+            _SAMPLED if sampled else 0,
+            0 if up is None else up.span_id,
+            KINDS[kind],
+            time_ns() if start_ns is None else start_ns,
+            dict(attributes) if attributes else {},
+            () if linked is None else ((linked.trace_id, linked.span_id, linked.flags),),
+            self._sink if sampled else None,
+        )
+
+    def start(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue] | None,
+        parent: Carried | None,
+        start_ns: int | None,
+    ) -> SpanHandle:
+        return self.span(name, attributes, "internal", parent, None, False, start_ns)
+
+    def capture(self) -> Carried | None:
+        return _CURRENT.get()
+
+    def resume(self, carried: Carried) -> _Resumed:
+        return _Resumed(cast(_Span, carried))
+
+    def detached(self) -> _Resumed:
+        return _Resumed(None)
+
+    def traceparent(self) -> str | None:
+        current = _CURRENT.get()
+        if current is None:
+            return None
+        return f"00-{current.trace_id:032x}-{current.span_id:016x}-{current.flags:02x}"
+
+    def log_ids(self) -> tuple[str, str] | None:
+        current = _CURRENT.get()
+        if current is None:
+            return None
+        return f"{current.trace_id:032x}", f"{current.span_id:016x}"

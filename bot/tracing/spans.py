@@ -1,0 +1,238 @@
+"""The span helpers the bot calls: a no-op until ``bot.tracing.setup`` installs a backend.
+
+With tracing off (no ``OTEL_*`` endpoint set) nothing here imports OpenTelemetry:
+``span`` hands back one shared do-nothing object, so an instrumented line
+costs a function call and a ``with``. ``bot.tracing.setup.configure`` installs
+the live backend (``bot.tracing.recorder``) when the environment asks for it.
+
+Carried context: a span started in one task and continued in another (the
+receipt and the lane that runs the turn) travels as ``Carried``, an opaque
+handle; across processes and restarts it travels as a W3C ``traceparent``
+string, stored with the ledger row or the scheduled job, and a later span in a
+new trace is *linked* to it (``span(..., link=traceparent)``).
+
+Attributes are names, counts, hashes and outcomes only: never message text,
+prompts, tool arguments or results, memories, file names, chat or user ids.
+Content goes on a span only through ``content`` when the operator opted in
+(``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Literal, Protocol
+
+__all__ = [
+    "NO_SPAN",
+    "AttributeValue",
+    "Backend",
+    "Carried",
+    "Kind",
+    "SpanHandle",
+    "capture",
+    "capturing_content",
+    "content",
+    "conversation_id",
+    "detached",
+    "enabled",
+    "install",
+    "log_ids",
+    "provider_headers",
+    "resume",
+    "span",
+    "start",
+    "traceparent",
+]
+
+AttributeValue = str | bool | int | float | tuple[str, ...]
+Kind = Literal["internal", "client", "server", "producer", "consumer"]
+
+
+class SpanHandle(Protocol):
+    """What instrumented code may do with its span."""
+
+    def set(self, key: str, value: AttributeValue) -> None:
+        """Set one attribute (a name, count, hash or outcome: never content)."""
+        ...
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        """Add a timed event (e.g. a flood refusal and its wait)."""
+        ...
+
+    def fail(self, error_type: str) -> None:
+        """Mark the span failed with ``error.type`` (a class name, never a message)."""
+        ...
+
+    def end(self) -> None:
+        """End a span from ``start`` (``span``'s end on leaving the ``with``)."""
+        ...
+
+
+class Carried(Protocol):
+    """A span's context carried to another task (``capture`` / ``resume``)."""
+
+
+class Backend(Protocol):
+    """The live tracer ``bot.tracing.recorder.Recorder`` implements."""
+
+    capture_content: bool
+
+    def span(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue] | None,
+        kind: Kind,
+        parent: Carried | None,
+        link: str | None,
+        root: bool,
+        start_ns: int | None,
+    ) -> AbstractContextManager[SpanHandle]: ...
+
+    def start(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue] | None,
+        parent: Carried | None,
+        start_ns: int | None,
+    ) -> SpanHandle: ...
+
+    def capture(self) -> Carried | None: ...
+
+    def resume(self, carried: Carried) -> AbstractContextManager[object]: ...
+
+    def detached(self) -> AbstractContextManager[object]: ...
+
+    def traceparent(self) -> str | None: ...
+
+    def log_ids(self) -> tuple[str, str] | None: ...
+
+
+class _NoSpan:
+    __slots__ = ()
+
+    def set(self, key: str, value: AttributeValue) -> None:
+        return None
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        return None
+
+    def fail(self, error_type: str) -> None:
+        return None
+
+    def end(self) -> None:
+        return None
+
+
+NO_SPAN: SpanHandle = _NoSpan()
+"""A span that records nothing (for code that takes a span while tracing is off)."""
+_NO_SPAN_CONTEXT: AbstractContextManager[SpanHandle] = nullcontext(NO_SPAN)
+_NOTHING: AbstractContextManager[object] = nullcontext(None)
+_backend: Backend | None = None
+
+
+def install(backend: Backend | None) -> None:
+    """Make ``backend`` the live tracer (``None``: back to the no-op)."""
+    global _backend
+    _backend = backend
+
+
+def enabled() -> bool:
+    """Whether spans are recorded (a backend is installed)."""
+    return _backend is not None
+
+
+def span(
+    name: str,
+    attributes: Mapping[str, AttributeValue] | None = None,
+    *,
+    kind: Kind = "internal",
+    parent: Carried | None = None,
+    link: str | None = None,
+    root: bool = False,
+) -> AbstractContextManager[SpanHandle]:
+    """A span around a ``with`` block, current inside it.
+
+    ``parent``: a context carried from another task (default: the current one).
+    ``root``: start a new trace; ``link`` (a stored ``traceparent``) links it to the
+    span that owed this work. An exception leaving the block marks the span failed
+    with its class name only (its message may quote content).
+    """
+    backend = _backend
+    if backend is None:
+        return _NO_SPAN_CONTEXT
+    return backend.span(name, attributes, kind, parent, link, root, None)
+
+
+def start(
+    name: str,
+    attributes: Mapping[str, AttributeValue] | None = None,
+    *,
+    parent: Carried | None = None,
+    start_ns: int | None = None,
+) -> SpanHandle:
+    """A span that is not made current and is ended by ``end()`` (e.g. a queue wait
+    that began at ``start_ns``, ``time.time_ns()``, in another task)."""
+    backend = _backend
+    if backend is None:
+        return NO_SPAN
+    return backend.start(name, attributes, parent, start_ns)
+
+
+def capture() -> Carried | None:
+    """The current span's context, to continue its trace in another task."""
+    backend = _backend
+    return None if backend is None else backend.capture()
+
+
+def resume(carried: Carried | None) -> AbstractContextManager[object]:
+    """Make ``carried`` the current context for the ``with`` block."""
+    backend = _backend
+    if backend is None or carried is None:
+        return _NOTHING
+    return backend.resume(carried)
+
+
+def detached() -> AbstractContextManager[object]:
+    """No current span for the ``with`` block: work of its own (a queued resend) in a
+    task that may have been started inside some message's trace."""
+    backend = _backend
+    return _NOTHING if backend is None else backend.detached()
+
+
+def traceparent() -> str | None:
+    """The current span as a W3C ``traceparent`` (to store with owed work), or None."""
+    backend = _backend
+    return None if backend is None else backend.traceparent()
+
+
+def provider_headers() -> dict[str, str]:
+    """Headers for an outgoing call (a model provider's): ``traceparent``, or none."""
+    value = traceparent()
+    return {} if value is None else {"traceparent": value}
+
+
+def log_ids() -> tuple[str, str] | None:
+    """``(trace_id, span_id)`` in hex of the current span, for a log record."""
+    backend = _backend
+    return None if backend is None else backend.log_ids()
+
+
+def capturing_content() -> bool:
+    """Whether the operator opted in to message content on spans."""
+    backend = _backend
+    return backend is not None and backend.capture_content
+
+
+def content(handle: SpanHandle, key: str, value: str | None) -> None:
+    """Put message content on a span, only when the operator opted in."""
+    if value is not None and capturing_content():
+        handle.set(key, value)
+
+
+@functools.lru_cache(maxsize=4096)  # the same few conversations, message after message
+def conversation_id(session_key: str) -> str:
+    """``gen_ai.conversation.id``: a hash of the session key, never a chat id."""
+    return hashlib.sha256(("chatflow-conversation:" + session_key).encode()).hexdigest()[:32]

@@ -1,0 +1,161 @@
+"""The recorder's sampling, and the exporter process: owned, bounded, never in the way."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from bot.tracing import spans
+from bot.tracing.export import ChildExporter
+from bot.tracing.recorder import Record, Recorder, sampler_from
+from bot.tracing.setup import configure
+from tests.fakes.otlp_server import FakeOtlpServer
+
+ENV = {"OTEL_BSP_SCHEDULE_DELAY": "20"}
+
+
+def _record(name: str, trace_id: int = 0x1234, span_id: int = 0x42) -> Record:
+    return (name, trace_id, span_id, 0, 1, 0, 1_000, 2_000, {"n": 1}, (), (), False)
+
+
+@pytest.fixture
+def recorded() -> Iterator[list[Record]]:
+    kept: list[Record] = []
+    yield kept
+    spans.install(None)
+
+
+def test_a_ratio_sampler_keeps_some_roots_and_their_children_follow_them(
+    recorded: list[Record],
+) -> None:
+    sampler = sampler_from(
+        {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}
+    )
+    spans.install(Recorder(recorded.append, sampler))
+    flags: dict[int, str] = {}
+    for _ in range(400):
+        with spans.span("chatflow.receive", root=True):
+            parent = spans.traceparent()
+            assert parent is not None
+            with spans.span("chatflow.tx1"):
+                child = spans.traceparent()
+                assert child is not None and child.split("-")[1] == parent.split("-")[1]
+                assert child[-2:] == parent[-2:]  # the child follows its root's decision
+            flags[int(parent.split("-")[1], 16)] = parent[-2:]
+    kept = {trace_id for trace_id, flag in flags.items() if flag == "01"}
+    assert 40 <= len(kept) <= 160  # a quarter of 400, give or take
+    assert {r[1] for r in recorded} == kept
+    assert len(recorded) == 2 * len(kept)  # the root and its child, of sampled traces only
+
+
+def test_always_off_records_nothing_but_still_propagates(recorded: list[Record]) -> None:
+    spans.install(Recorder(recorded.append, sampler_from({"OTEL_TRACES_SAMPLER": "always_off"})))
+    with spans.span("chatflow.receive") as span:
+        span.event("e")
+        assert (spans.traceparent() or "").endswith("-00")
+        assert spans.log_ids() is not None
+    assert recorded == []
+
+
+def test_an_unknown_sampler_samples_everything(recorded: list[Record]) -> None:
+    spans.install(Recorder(recorded.append, sampler_from({"OTEL_TRACES_SAMPLER": "jaeger_remote"})))
+    with spans.span("a"):
+        pass
+    assert len(recorded) == 1
+
+
+async def test_the_child_exports_the_records_then_ends_with_the_pipe() -> None:
+    async with FakeOtlpServer() as otlp:
+        exporter = ChildExporter("otlp", f"{otlp.endpoint}/v1/traces", "unit", ENV)
+        for n in range(3):
+            exporter.submit(_record(f"s{n}", span_id=n + 1))
+        got = await otlp.wait_for(lambda s: len(s) == 3, within=30)
+        assert {s.name for s in got} == {"s0", "s1", "s2"}
+        assert {s.resource["service.name"] for s in got} == {"unit"}
+        exporter.submit(_record("last", span_id=9))
+        assert await asyncio.to_thread(exporter.shutdown, 30)  # exit code 0, in time
+        assert "last" in {s.name for s in otlp.spans}  # flushed by the end of its stdin
+    assert exporter.dropped == 0
+    exporter.submit(_record("after"))
+    assert exporter.dropped == 1  # after the shutdown: dropped, counted
+
+
+async def test_a_full_queue_drops_and_counts_and_never_waits() -> None:
+    async with FakeOtlpServer() as otlp:
+        exporter = ChildExporter(
+            "otlp",
+            f"{otlp.endpoint}/v1/traces",
+            "unit",
+            {**ENV, "OTEL_BSP_MAX_QUEUE_SIZE": "4", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4"},
+            flush_seconds=3600,  # the sender only wakes for the shutdown
+        )
+        for n in range(10):
+            exporter.submit(_record(f"s{n}", span_id=n + 1))
+        assert exporter.dropped == 6
+        assert await asyncio.to_thread(exporter.shutdown, 30)
+        assert sorted(s.name for s in otlp.spans) == ["s0", "s1", "s2", "s3"]
+
+
+async def test_a_dead_child_costs_dropped_spans_never_a_blocked_bot() -> None:
+    exporter = ChildExporter("otlp", "http://127.0.0.1:9/v1/traces", "unit", ENV)
+    exporter.process.kill()
+    await asyncio.to_thread(exporter.process.wait, 30)
+    exporter.submit(_record("lost"))
+    # The sender finds the pipe closed on its next batch: dropped and counted.
+    await asyncio.to_thread(exporter.shutdown, 30)
+    assert exporter.dropped == 1
+
+
+async def test_a_child_stuck_on_its_collector_is_ended_at_the_timeout() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        port = silent.getsockname()[1]
+        exporter = ChildExporter(
+            "otlp",
+            f"http://127.0.0.1:{port}/v1/traces",
+            "unit",
+            {**ENV, "OTEL_BSP_SCHEDULE_DELAY": "1"},
+        )
+        exporter.submit(_record("stuck"))
+        assert not await asyncio.to_thread(exporter.shutdown, 1.5)
+        assert exporter.process.returncode is not None  # killed, reaped: not left running
+
+
+def test_the_child_ends_when_the_bot_dies() -> None:
+    code = (
+        "import os, sys\n"
+        "from bot.tracing.export import ChildExporter\n"
+        "e = ChildExporter('otlp', 'http://127.0.0.1:9/v1/traces', 'unit', {})\n"
+        "print(e.process.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    # The child inherits the bot's stdout: its end is the end of the last writer.
+    done = subprocess.run(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, timeout=60, check=False
+    )
+    assert done.returncode == -signal.SIGKILL
+    pid = int(done.stdout.split()[0])
+    try:
+        exited = os.pidfd_open(pid)  # readable once the process has exited
+    except ProcessLookupError:
+        return  # gone already
+    try:
+        assert select.select([exited], [], [], 30)[0], "the exporter outlived the bot"
+    finally:
+        os.close(exited)
+
+
+def test_an_exporter_that_cannot_start_leaves_tracing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    def cannot_start(*args: object, **kwargs: object) -> None:
+        raise PermissionError("no exec here")
+
+    monkeypatch.setattr(subprocess, "Popen", cannot_start)
+    assert configure({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}) is None
+    assert not spans.enabled()
