@@ -38,7 +38,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import httpx
@@ -136,6 +136,10 @@ class _BoundedSet:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class _WindowClosedByMeta(Exception):
+    """Meta refused free-form text for the 24-hour window (131047) before any part left."""
 
 
 class _BodyTooLarge(Exception):
@@ -443,6 +447,36 @@ class WhatsAppAdapter(WhatsAppFiles, WhatsAppVoice, WhatsAppButtons, PlatformAda
             len(parts),
             "group" if is_group_chat_id(chat_id) else "person",
         )
+
+        async def send_text(index: int, part: str) -> Any:
+            return await wa.send_message(
+                to=chat_id, text=part, reply_to_message_id=reply_to if index == 0 else None
+            )
+
+        try:
+            ids = await self._send_parts(wa, chat_id, parts, send_text)
+        except _WindowClosedByMeta as closed:
+            # Meta's clock wins over ours. One switch, never a loop: a template
+            # refusal is final (see whatsapp_errors).
+            if self.template is None:
+                raise self._window_closed_error() from closed.__cause__
+            logger.info("WhatsApp answered 131047: the reply is sent as the template")
+            return await self._send_template(wa, chat_id, text, reply_to)
+        return SendResult(message_ids=ids)
+
+    async def _send_parts(
+        self,
+        wa: WhatsApp,
+        chat_id: str,
+        parts: Sequence[str],
+        send_one: Callable[[int, str], Awaitable[Any]],
+        *,
+        free_form: bool = True,
+    ) -> list[str]:
+        """Send ``parts`` in order with ``send_one(index, part)``, paced, each part's id
+        kept; Meta's errors translated with how many parts may have arrived. Free-form
+        text refused with 131047 on its first part raises ``_WindowClosedByMeta``
+        (nothing was sent: the caller may switch to the template)."""
         ids: list[str] = []
         for index, part in enumerate(parts):
             if index and self.send_pause > 0:
@@ -458,25 +492,16 @@ class WhatsAppAdapter(WhatsAppFiles, WhatsAppVoice, WhatsAppButtons, PlatformAda
                 )
             await self._take_turn(chat_id)
             try:
-                sent = await wa.send_message(
-                    to=chat_id,
-                    text=part,
-                    reply_to_message_id=reply_to if index == 0 else None,
-                )
+                sent = await send_one(index, part)
             except WhatsAppError as exc:
-                if exc.code == REENGAGEMENT_CODE and index == 0:
-                    # Meta's clock wins over ours. One switch, never a loop: a template
-                    # refusal is final (see whatsapp_errors).
-                    if self.template is None:
-                        raise self._window_closed_error() from exc
-                    logger.info("WhatsApp answered 131047: the reply is sent as the template")
-                    return await self._send_template(wa, chat_id, text, reply_to)
+                if free_form and exc.code == REENGAGEMENT_CODE and index == 0:
+                    raise _WindowClosedByMeta from exc
                 raise api_error(exc, index, len(parts)) from exc
             except httpx.HTTPError as exc:
                 raise transport_error(exc, index, len(parts)) from exc
             ids.append(sent.id)
             self._sent_ids.add(sent.id)
-        return SendResult(message_ids=ids)
+        return ids
 
     async def _window_closed(self, chat_id: str) -> bool:
         """True when our record says the person's 24-hour window is closed.
@@ -515,32 +540,18 @@ class WhatsAppAdapter(WhatsAppFiles, WhatsAppVoice, WhatsAppButtons, PlatformAda
                 len(parts),
             )
             raise PlatformError(too_long_reason(text, len(parts)), platform=PLATFORM)
-        ids: list[str] = []
-        for index, part in enumerate(parts):
-            if index and self.send_pause > 0:
-                await _pause(self.send_pause)
-            if self._wa is not wa:
-                raise PlatformError(
-                    "WhatsApp adapter stopped while sending",
-                    platform=PLATFORM,
-                    retryable=True,
-                    ambiguous=index > 0,
-                )
-            await self._take_turn(chat_id)
-            try:
-                sent = await wa.send_template(
-                    to=chat_id,
-                    name=template.name,
-                    language=template.language,
-                    params=template.params(part),
-                    reply_to_message_id=reply_to if index == 0 else None,
-                )
-            except WhatsAppError as exc:
-                raise api_error(exc, index, len(parts)) from exc
-            except httpx.HTTPError as exc:
-                raise transport_error(exc, index, len(parts)) from exc
-            ids.append(sent.id)
-            self._sent_ids.add(sent.id)
+
+        async def send_template(index: int, part: str) -> Any:
+            return await wa.send_template(
+                to=chat_id,
+                name=template.name,
+                language=template.language,
+                params=template.params(part),
+                reply_to_message_id=reply_to if index == 0 else None,
+            )
+
+        # A template refused (131047 included) is final: no switch.
+        ids = await self._send_parts(wa, chat_id, parts, send_template, free_form=False)
         if len(parts) > 1:
             logger.info("WhatsApp reply sent as %d templates", len(parts))
         return SendResult(message_ids=ids)
