@@ -31,6 +31,9 @@ DESIGN_NAMES = {
 # DESIGN.md §3.8 "Library": the settings the Runner reads, and the error family.
 LIBRARY_NAMES = {
     "ToolContext",
+    "DatabaseUnavailableError",
+    "CommitOutcomeUnknownError",
+    "SessionLeaseLostError",
     "ModelSettings",
     "AgentNotFoundError",
     "ConfigurationError",
