@@ -16,7 +16,8 @@ import contextvars
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Self
@@ -205,6 +206,11 @@ class Runner:
         self.max_tool_rounds = max_tool_rounds
         self.stream_replies = stream_replies
         self._agents = self._collect(starting_agent)
+        self.turns_running = 0
+        """Turns inside their session (model, tools, save): a gauge for ``/metrics``."""
+        self.turns_waiting = 0
+        """Turns waiting for their session: an earlier turn of it in this process, or
+        (PostgreSQL) another process holding its lease. A gauge for ``/metrics``."""
         self._owns_store = session_store is None
         self.store: BaseSessionStore = (
             session_store if session_store is not None else SessionStore()
@@ -328,6 +334,24 @@ class Runner:
         """Close it (``aclose``), whether the block raised or not."""
         await self.aclose()
 
+    @asynccontextmanager
+    async def _counted(self, session_id: str) -> AsyncIterator[None]:
+        """``store.session_lock``, counted in ``turns_waiting`` then ``turns_running``."""
+        self.turns_waiting += 1
+        entered = False
+        try:
+            async with self.store.session_lock(session_id):
+                self.turns_waiting -= 1
+                entered = True
+                self.turns_running += 1
+                try:
+                    yield
+                finally:
+                    self.turns_running -= 1
+        finally:
+            if not entered:
+                self.turns_waiting -= 1
+
     async def run_async(
         self,
         session_id: str,
@@ -366,7 +390,7 @@ class Runner:
             candidate = metadata.get(_INBOUND_ID_KEY)
             inbound_message_id = str(candidate) if candidate is not None else None
         try:
-            async with self.store.session_lock(session_id):
+            async with self._counted(session_id):
                 session = await self._load(session_id)
                 if on_commit is not None:  # before the model runs, not at the save
                     require_transactional(self.store, "run_async(on_commit=...)")

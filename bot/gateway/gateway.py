@@ -234,6 +234,8 @@ class Gateway:
         self._early: list[InboxEntry | Obligation] = []
         self._starters: list[asyncio.Task[None]] = []
         self.metrics.queued.set_function(lambda: self._waiting_turns)
+        self.metrics.turns_running.set_function(lambda: self.runner.turns_running)
+        self.metrics.turns_waiting.set_function(lambda: self.runner.turns_waiting)
         self._ready = False
         self._ready_event = asyncio.Event()
         self._accepting = False
