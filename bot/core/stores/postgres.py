@@ -477,6 +477,32 @@ class PostgresSessionStore(SQLSessionStore):
         with contextlib.suppress(*_DB_ERRORS):
             await pool.release(conn)
 
+    @property
+    def max_connections(self) -> int:
+        """The most server connections this store opens (its one pool)."""
+        return self._max_pool
+
+    async def behind_proxy(self) -> bool:
+        """Whether something stands between this process and the server (PgBouncer, a
+        TCP proxy): the server's backend sees a client address other than this socket's."""
+        pool, _ = await self._pools()
+        conn = await self._acquire(pool)
+        try:
+            transport = getattr(conn, "_transport", None)  # the proxy passes it through
+            mine = None if transport is None else transport.get_extra_info("sockname")
+            row = await conn.fetchrow(
+                "SELECT client_addr::text, client_port FROM pg_stat_activity "
+                "WHERE pid = pg_backend_pid()",
+                timeout=self._options.statement_timeout,
+            )
+        except _DB_ERRORS as exc:
+            raise _error("SQL query failed", exc) from exc
+        finally:
+            await self._release(pool, conn)
+        if row is None or row[1] is None or not isinstance(mine, tuple):
+            return False  # a Unix socket: nothing between
+        return int(row[1]) != int(mine[1])
+
     # -- session leases --------------------------------------------------------------
 
     async def _run_one(self, sql: str, *args: Any) -> Any:

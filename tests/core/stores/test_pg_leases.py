@@ -127,3 +127,16 @@ def test_a_transaction_pooler_gets_no_startup_settings_but_the_name() -> None:
     options = ConnectionOptions(application_name="chatflow/x", pooler="transaction")
     assert options.server_settings() == {"application_name": "chatflow/x"}
     assert "tcp_user_timeout" in ConnectionOptions().server_settings()
+
+
+async def test_doctor_sees_a_direct_connection_and_counts_the_connections(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    from bot.doctor import _check_database
+
+    result = await _check_database(
+        load_settings(data_dir=tmp_path, database_url=pg_dsn, database_connections=6)
+    )
+    assert result.ok and not result.warning
+    assert "6 connections per process" in result.detail
+    assert "connected to the server directly" in result.detail
