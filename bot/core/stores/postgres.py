@@ -147,6 +147,12 @@ def _error(what: str, exc: BaseException) -> StorageError:
     return kind(f"{what}: {_describe(exc)}")
 
 
+async def _end_transaction(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    """The pool's reset behind a transaction-mode pooler: roll back, nothing else."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
 def _quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -358,6 +364,10 @@ class PostgresSessionStore(SQLSessionStore):
             # Through a transaction-mode pooler a prepared statement may be missing on
             # the server connection the next transaction gets.
             statement_cache_size=0 if self._options.pooler == "transaction" else 100,
+            # asyncpg's reset (RESET ALL, unlock all, ...) would run on whatever server
+            # connection the pooler lends, undoing its connect_query settings: the store
+            # leaves no session state, so only an open transaction needs ending.
+            reset=_end_transaction if self._options.pooler == "transaction" else None,
         )
 
     async def _acquire(self, pool: asyncpg.Pool) -> _Conn:

@@ -140,3 +140,48 @@ async def test_doctor_sees_a_direct_connection_and_counts_the_connections(
     assert result.ok and not result.warning
     assert "6 connections per process" in result.detail
     assert "connected to the server directly" in result.detail
+
+
+async def test_through_pgbouncer_in_transaction_mode(
+    pg_dsn: str, agent: Agent, tmp_path: Path
+) -> None:
+    """Two stores (processes) through PgBouncer: turns of one session never overlap, the
+    lease statements and saves work without session state, doctor sees the pooler."""
+    from bot.doctor import _check_database
+    from tests.pgbouncer import bouncer
+
+    async with bouncer(pg_dsn, pool_size=4) as through:
+        pooled = ConnectionOptions(pooler="transaction")
+        async with (
+            PostgresSessionStore(through, options=pooled, max_pool=3) as one,
+            PostgresSessionStore(through, options=pooled, max_pool=3) as two,
+        ):
+            running = {f"s-{n}": 0 for n in range(3)}
+            overlaps = 0
+
+            async def turn(store: PostgresSessionStore, n: int) -> None:
+                nonlocal overlaps
+                sid = f"s-{n % 3}"
+                async with store.session_lock(sid):
+                    running[sid] += 1
+                    overlaps += running[sid] > 1
+                    session = await store.get_or_create(sid, agent)
+                    await asyncio.sleep(0.01)  # the model
+                    session.add_message(user(f"m{n}"))
+                    await store.save(session)
+                    running[sid] -= 1
+
+            # One session at a time per lease: the turns of one session never overlap.
+            await asyncio.wait_for(
+                asyncio.gather(*(turn((one, two)[n % 2], n) for n in range(3))), 60
+            )
+            await asyncio.wait_for(
+                asyncio.gather(*(turn((one, two)[n % 2], 3) for n in range(6))), 60
+            )
+            assert overlaps == 0
+            session = await one.get("s-0")
+            assert session is not None and len(session.history) == 7
+        result = await _check_database(
+            load_settings(data_dir=tmp_path, database_url=through, database_pooler="transaction")
+        )
+        assert result.ok and "a pooler or proxy is in front" in result.detail, result.detail
