@@ -16,8 +16,7 @@ import contextvars
 import functools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Self
@@ -54,6 +53,7 @@ from bot.core.stores.base import BaseSessionStore, require_transactional
 from bot.core.stores.in_memory import SessionStore
 from bot.core.streaming import ReplyStream, ask_model
 from bot.core.tools import FunctionTool, ToolContext, error_result
+from bot.core.turn_gauges import CountedTurn
 from bot.core.usage import CallUsage
 from bot.errors import ChatflowError, EmptyAnswerError, MaxToolRoundsError, TurnError
 
@@ -334,23 +334,9 @@ class Runner:
         """Close it (``aclose``), whether the block raised or not."""
         await self.aclose()
 
-    @asynccontextmanager
-    async def _counted(self, session_id: str) -> AsyncIterator[None]:
+    def _counted(self, session_id: str) -> CountedTurn:
         """``store.session_lock``, counted in ``turns_waiting`` then ``turns_running``."""
-        self.turns_waiting += 1
-        entered = False
-        try:
-            async with self.store.session_lock(session_id):
-                self.turns_waiting -= 1
-                entered = True
-                self.turns_running += 1
-                try:
-                    yield
-                finally:
-                    self.turns_running -= 1
-        finally:
-            if not entered:
-                self.turns_waiting -= 1
+        return CountedTurn(self, self.store.session_lock(session_id))
 
     async def run_async(
         self,
