@@ -8,9 +8,11 @@ processes with ``DATABASE_CONNECTIONS=8`` each, on one fresh schema each:
 - **leases via PgBouncer**: this code through Debian's ``pgbouncer`` in
   transaction mode (``tests.pgbouncer``, pool of 20 server connections),
   ``DATABASE_POOLER=transaction``;
-- **held lock (base)**: the code before issue #38 (``--base``, a worktree of
-  it: ``git worktree add /tmp/base38 <commit>``), whose turns each held a lock
-  connection for the whole model call. Skipped without ``--base``.
+- **held lock (base)**: the code before issue #38, whose turns each held a
+  lock connection for the whole model call: ``--base DIR`` (a checkout of it),
+  else a temporary ``git worktree`` of the parent of the commit that added
+  ``bot/core/stores/pglease.py``, removed afterwards (skipped outside a git
+  checkout).
 
 300 conversations write at once (150 Telegram chats and 150 WhatsApp users,
 spread over the 3 processes, as a load balancer would), to a model that
@@ -31,8 +33,11 @@ import bisect
 import contextlib
 import json
 import os
+import shutil
+import subprocess
+import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -265,6 +270,36 @@ def targets() -> list[tuple[str, float | None, str, bool | None]]:
     return rows
 
 
+@contextlib.contextmanager
+def _base_checkout(given: Path | None) -> Iterator[Path | None]:
+    """The code before issue #38: ``given``, or a temporary worktree of it."""
+    if given is not None:
+        yield given
+        return
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        added = git("log", "--diff-filter=A", "--format=%H", "--", "bot/core/stores/pglease.py")
+    except (OSError, subprocess.CalledProcessError):
+        added = ""
+    if not added:
+        print("no baseline: not a git checkout with the commit of issue #38")
+        yield None
+        return
+    where = Path(tempfile.mkdtemp(prefix="chatflow-base38.")) / "tree"
+    git("worktree", "add", "--detach", str(where), added.splitlines()[-1] + "^")
+    try:
+        yield where
+    finally:
+        git("worktree", "remove", "--force", str(where))
+        shutil.rmtree(where.parent, ignore_errors=True)
+
+
 async def main_async(dsn: str, base: Path | None) -> dict[str, Any]:
     fleets = [
         await fleet_run("leases", dsn, base=None, pooled=False),
@@ -288,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dsn:
         print("skipped: no PostgreSQL (`make bench` starts one; or set CHATFLOW_TEST_DATABASE_URL)")
         return 0
-    result = asyncio.run(main_async(args.dsn, args.base))
+    with _base_checkout(args.base) as base:
+        result = asyncio.run(main_async(args.dsn, base))
     _show(result["fleets"])
     write_result("capacity", result)
     return 0
