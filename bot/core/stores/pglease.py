@@ -28,6 +28,7 @@ The owner is the process's instance id, the token ``owner_instance`` of issue
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -120,7 +121,6 @@ class SessionLeases:
             f"chatflow_session_leases_{id(self)}", default=None
         )
         self._renewer: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
         self.waiting = 0
         """Turns waiting for a session another process holds (a gauge)."""
 
@@ -141,8 +141,10 @@ class SessionLeases:
                         _TAKE_SQL, session_id, self.owner, self.lease_seconds
                     )
                 except BaseException:
-                    # Cancelled or cut mid-statement: the row may be ours now. Free it.
-                    self._spawn(self._run(_FREE_ANY_SQL, session_id, self.owner))
+                    # Cancelled or cut mid-statement: the row may be ours now. Free it
+                    # before the in-process lock goes (the next turn here would take it
+                    # again, and a late free of "any generation" would free that one).
+                    await self._free_any(session_id)
                     raise
                 if generation is not None:
                     self._held[session_id] = int(generation)
@@ -156,6 +158,16 @@ class SessionLeases:
         finally:
             if counted:
                 self.waiting -= 1
+
+    async def _free_any(self, session_id: str) -> None:
+        freeing = asyncio.ensure_future(self._run(_FREE_ANY_SQL, session_id, self.owner))
+        while not freeing.done():  # bounded by the statement timeout
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({freeing})
+        if not freeing.cancelled() and freeing.exception() is not None:
+            logger.info(
+                "a session lease was left to expire (%s)", type(freeing.exception()).__name__
+            )
 
     def enter(self, session_id: str, generation: int) -> object:
         """Mark the current task as holding the lease (its saves are fenced by it)."""
@@ -206,24 +218,12 @@ class SessionLeases:
             except Exception as exc:  # the saves are fenced; the next tick tries again
                 logger.warning("could not renew %d session leases (%s)", len(held), exc)
 
-    def _spawn(self, work: Awaitable[Any]) -> None:
-        async def quietly() -> None:
-            try:
-                await work
-            except Exception as exc:
-                logger.info("a session lease was left to expire (%s)", type(exc).__name__)
-
-        task = asyncio.get_running_loop().create_task(quietly())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     async def close(self) -> None:
         """Stop renewing and free the leases still held (a clean stop); a failure
         leaves them to expire."""
         if self._renewer is not None:
             self._renewer.cancel()
             await asyncio.gather(self._renewer, return_exceptions=True)
-        await asyncio.gather(*self._background, return_exceptions=True)
         held, self._held = list(self._held), {}
         if held:
             try:
