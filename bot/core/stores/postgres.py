@@ -526,6 +526,16 @@ class PostgresSessionStore(SQLSessionStore):
         finally:
             await self._release(pool, conn)
 
+    def bind_lease_owner(self, owner: str, lease_seconds: float) -> None:
+        """Name this process in session leases by ``owner`` (its instance id, the token of
+        its instance lease) with leases of ``lease_seconds``: ``InstanceRegistry`` calls
+        it, so a takeover of the instance frees its sessions too. Refused while leases
+        are held."""
+        if len(self._leases) and owner != self._leases.owner:
+            raise StorageError("cannot rename the lease owner while sessions are held")
+        self._leases.owner = owner
+        self._leases.lease_seconds = lease_seconds
+
     @property
     def leases(self) -> SessionLeases:
         """This store's session leases (``bot.core.stores.pglease``)."""

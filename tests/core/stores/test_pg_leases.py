@@ -16,7 +16,7 @@ from bot.core.stores.pgconnect import ConnectionOptions
 from bot.core.stores.postgres import PostgresSessionStore
 from bot.database import open_store
 from bot.errors import SessionLeaseLostError
-from tests.pgtest import pg_dsn
+from tests.pgtest import pg_dsn, wait_until
 
 __all__ = ["pg_dsn"]
 
@@ -185,3 +185,46 @@ async def test_through_pgbouncer_in_transaction_mode(
             load_settings(data_dir=tmp_path, database_url=through, database_pooler="transaction")
         )
         assert result.ok and "a pooler or proxy is in front" in result.detail, result.detail
+
+
+async def test_a_takeover_frees_the_sessions_of_an_expired_instance(
+    pg_dsn: str, agent: Agent
+) -> None:
+    """A process half-frozen (its instance lease expired, its store still renewing its
+    session leases) loses its conversations to the process that takes its work over."""
+    from bot.gateway.instances import InstanceRegistry, Owner
+
+    async with PostgresSessionStore(pg_dsn) as one, PostgresSessionStore(pg_dsn) as two:
+        frozen = InstanceRegistry(one, owner=Owner(1, "frozen"), lease_seconds=1)
+        taker = InstanceRegistry(two, owner=Owner(2, "taker"), lease_seconds=30)
+        assert one.leases.owner == "frozen"
+        await frozen.register()
+        await taker.register()
+        async with one.session_lock("s"):
+            stale = await one.get_or_create("s", agent)
+            stale.add_message(user("stale"))
+
+            async def expired() -> bool:
+                await taker.end_backends_of_expired()
+                return await lease_owner(pg_dsn, "s") == ""
+
+            await wait_until(expired, within=10)
+            async with asyncio.timeout(5), two.session_lock("s"):
+                pass
+            with pytest.raises(SessionLeaseLostError):
+                await one.save(stale)
+
+
+async def lease_owner(dsn: str, session_id: str) -> str:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        return str(
+            await conn.fetchval(
+                "SELECT owner_instance FROM chatflow_session_leases WHERE session_id = $1",
+                session_id,
+            )
+        )
+    finally:
+        await conn.close()
