@@ -149,6 +149,11 @@ class Metrics:
             "Turns inside their conversation (model, tools, save)",
             registry=r,
         )
+        self.connection_waiters = Gauge(
+            "chatflow_database_connection_waiters",
+            "Tasks (turns' short transactions among them) waiting for a pooled database connection",
+            registry=r,
+        )
         self.turns_waiting = Gauge(
             "chatflow_turns_waiting",
             "Turns waiting for their conversation: an earlier turn of it, here or in "

@@ -305,6 +305,7 @@ class PostgresSessionStore(SQLSessionStore):
         self._min_pool = min_pool
         self._max_pool = max_pool
         self._pool: asyncpg.Pool | None = None
+        self._waiters = 0
         self._leases = SessionLeases(
             lease_owner or uuid.uuid4().hex, session_lease_seconds, self._run_one
         )
@@ -371,12 +372,20 @@ class PostgresSessionStore(SQLSessionStore):
         )
 
     async def _acquire(self, pool: asyncpg.Pool) -> _Conn:
+        self._waiters += 1
         try:
             conn: _Conn = await pool.acquire(timeout=self._options.acquire_timeout)
         except _DB_ERRORS as exc:
             self._forget_snapshots()
             raise _error("cannot reach PostgreSQL", exc) from exc
+        finally:
+            self._waiters -= 1
         return conn
+
+    @property
+    def connection_waiters(self) -> int:
+        """Tasks waiting for one of the pool's connections now (a gauge)."""
+        return self._waiters
 
     async def _migrate(self, pool: asyncpg.Pool) -> None:
         async with pool.acquire(timeout=self._options.acquire_timeout) as conn:

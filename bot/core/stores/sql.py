@@ -151,6 +151,11 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
     async def _open_connection(self) -> None:
         """Connect and migrate; called once, under ``_open_lock``."""
 
+    @property
+    def connection_waiters(self) -> int:
+        """Tasks waiting for a pooled database connection now (a gauge; 0 without a pool)."""
+        return 0
+
     def _lease_fence(self, session_id: str) -> tuple[str, tuple[Any, ...]] | None:
         """The statement (and parameters) a save of ``session_id`` runs first in its
         transaction to prove the current turn still owns the session: no row back and

@@ -50,6 +50,7 @@ async def test_turns_on_a_pool_of_two_all_run_at_once(
 
     async with store:
         await asyncio.wait_for(asyncio.gather(*(turn(n) for n in range(10))), 30)
+        assert store.connection_waiters == 0
         for n in range(10):
             session = await store.get(f"s-{n}")
             assert session is not None
@@ -228,3 +229,26 @@ async def lease_owner(dsn: str, session_id: str) -> str:
         )
     finally:
         await conn.close()
+
+
+async def test_tasks_waiting_for_a_pooled_connection_are_counted(pg_dsn: str) -> None:
+    async with PostgresSessionStore(pg_dsn, max_pool=1) as store:
+        await store.open()
+        release = asyncio.Event()
+        inside = asyncio.Event()
+
+        async def hold() -> None:
+            async with store.transaction():
+                inside.set()
+                await release.wait()
+
+        holder = asyncio.create_task(hold())
+        await inside.wait()
+        waiter = asyncio.create_task(store.claim_message("m-1"))
+        async with asyncio.timeout(5):
+            while store.connection_waiters == 0:  # noqa: ASYNC110 - a counter, no event
+                await asyncio.sleep(0)
+        assert store.connection_waiters == 1
+        release.set()
+        await asyncio.gather(holder, waiter)
+        assert store.connection_waiters == 0
