@@ -57,11 +57,12 @@ proof: $(STAMP)
 # The database chaos suite: a PostgreSQL primary and a synchronous standby (Debian's
 # server, started and stopped by the suite; as root it runs them as `postgres`), three
 # bots behind fault proxies, every fault in turn; writes its figures into
-# docs/RELIABILITY.md. `make test` runs the two cheapest faults on the test server.
+# docs/RELIABILITY.md. `make test` runs the two cheapest faults on the test server;
+# the test server (scripts/with-postgres.sh) also carries them through PgBouncer here.
 chaos: $(STAMP)
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql)
-	CHATFLOW_CHAOS=full $(VENV)/bin/pytest tests/e2e/test_chaos_pg.py -q -s -p no:cacheprovider -n 0
+	CHATFLOW_CHAOS=full scripts/with-postgres.sh $(VENV)/bin/pytest tests/e2e/test_chaos_pg.py -q -s -p no:cacheprovider -n 0
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .

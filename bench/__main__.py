@@ -34,10 +34,11 @@ BENCHMARKS = (
     "realistic",
     "tracing",
     "knowledge",
+    "capacity",
 )
 TIMEOUT_SECONDS = 240
 """Hard stop for one benchmark (each is sized to finish well within 2 minutes)."""
-LONG_TIMEOUTS = {"floor": 420}
+LONG_TIMEOUTS = {"floor": 420, "capacity": 420}
 """Benchmarks that repeat themselves in fresh interpreters (floor: 18 runs of ~7.5 s)."""
 
 
@@ -89,6 +90,12 @@ def _realistic_rows() -> list[dict[str, Any]]:
     from bench.realistic import targets as realistic_targets
 
     return [_row(*row) for row in realistic_targets()]
+
+
+def _capacity_rows() -> list[dict[str, Any]]:
+    from bench.capacity import targets as capacity_targets
+
+    return [_row(*row) for row in capacity_targets()]
 
 
 def _knowledge_rows() -> list[dict[str, Any]]:
@@ -198,6 +205,7 @@ def targets() -> list[dict[str, Any]]:
     rows.extend(_floor_rows())
     rows.extend(_realistic_rows())
     rows.extend(_knowledge_rows())
+    rows.extend(_capacity_rows())
     prompt = (read_result("prompt_cost") or {}).get("product")
     share = None if prompt is None else float(prompt["cacheable_share"]) * 100
     rows.append(

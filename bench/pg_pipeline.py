@@ -129,8 +129,8 @@ def _event(worker: int, session: int, n: int) -> MessageEvent:
 async def worker(dsn: str, index: int, sessions: int, start_at: float) -> dict[str, Any]:
     """One bot process: measure from ``start_at`` (wall clock) for MEASURE_SECONDS."""
     settings = Settings(_env_file=None, data_dir=Path("/nonexistent"), database_url=dsn)
-    turns = settings.max_concurrent_turns
-    store = PostgresSessionStore(dsn, max_pool=max(4, turns + 2), max_lock_connections=turns + 2)
+    # As bot.database.open_store sizes it: turns hold no connection while the model thinks.
+    store = PostgresSessionStore(dsn, max_pool=max(2, settings.database_connections))
     await store.open()
     secret = await load_or_create_shared_secret(store)
     registry = InstanceRegistry(store)

@@ -300,6 +300,12 @@ class Bot:
             f"streamed replies {'on' if self.settings.stream_replies else 'off'}",
             f"Webhooks, /healthz and /metrics: {where}.",
         ]
+        if self.settings.database_dialect == "postgres":
+            lines.append(
+                f"PostgreSQL: at most {max(2, self.settings.database_connections)} connections "
+                "from this process (DATABASE_CONNECTIONS; turns hold none while the model "
+                f"thinks); pooler mode {self.settings.database_pooler}."
+            )
         missing = []  # only what is not set up yet
         if not self.settings.telegram_enabled:
             missing.append("Telegram with TELEGRAM_BOT_TOKEN")

@@ -226,8 +226,12 @@ class Settings(BaseSettings):
     """Turns that may run at once across sessions (most of a turn waits on the model;
     sending the reply no longer counts)."""
     database_connections: int = Field(default=32, gt=0)
-    """PostgreSQL: connections per process for transactions, and as many for the
-    conversation locks of running turns (more turns wait for one)."""
+    """PostgreSQL: the connections one process opens (at least 2). A turn borrows one
+    only for its short transactions, never while the model thinks."""
+    database_pooler: Literal["none", "transaction"] = "none"
+    """PostgreSQL: ``transaction`` when ``DATABASE_URL`` points at PgBouncer (or another
+    pooler) in transaction mode: no prepared-statement cache, no startup settings but
+    ``application_name``. ``doctor`` says whether the server looks like a pooler."""
     max_queued_messages: int = Field(default=1000, gt=0)
     """Accepted messages waiting for a worker before the bot answers "busy"."""
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)

@@ -28,17 +28,17 @@ def open_store(settings: Settings) -> TransactionalStore:
         from bot.gateway.instances import Owner
 
         assert settings.database_url is not None
-        # Every running turn holds one lock connection; transactions get their own pool.
-        # Capped apart from the turns: hundreds of turns waiting on the model must not
-        # open hundreds of connections (the extra ones wait for a lock connection).
-        turns = min(settings.max_concurrent_turns, settings.database_connections)
+        # A turn holds a connection only for its short transactions, never while the
+        # model thinks: DATABASE_CONNECTIONS is all this process opens.
+        owner = Owner.current().instance_id
         return PostgresSessionStore(
             settings.database_url,
             default_max_turns=settings.max_turns,
             prune_to_turns=settings.effective_prune_to_turns,
-            max_pool=max(4, turns + 2),
-            max_lock_connections=turns + 2,
-            options=connection_options(settings, application_name(Owner.current().instance_id)),
+            max_pool=max(2, settings.database_connections),
+            options=connection_options(settings, application_name(owner)),
+            lease_owner=owner,
+            session_lease_seconds=settings.instance_lease_seconds,
         )
     path = settings.database_path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,6 +68,7 @@ def connection_options(settings: Settings, name: str) -> ConnectionOptions:
         tcp_user_timeout=user_timeout,
         idle_in_transaction_timeout=settings.database_idle_in_transaction_timeout_seconds,
         application_name=name,
+        pooler=settings.database_pooler,
     )
 
 

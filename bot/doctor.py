@@ -42,13 +42,35 @@ class CheckResult:
 
 
 async def _check_database(settings: Settings) -> CheckResult:
+    from bot.core.stores.postgres import PostgresSessionStore
+
     store = open_store(settings)
     try:
         query = "PRAGMA quick_check" if settings.database_dialect == "sqlite" else "SELECT 'ok'"
         async with store.transaction() as tx:
             rows = await tx.fetchall(query)
         verdict = str(rows[0][0]) if rows else "no answer"
-        return CheckResult("database", verdict == "ok", f"{settings.database_label}: {verdict}")
+        detail = f"{settings.database_label}: {verdict}"
+        if isinstance(store, PostgresSessionStore) and verdict == "ok":
+            proxied = await store.behind_proxy()
+            detail += (
+                f"; {store.max_connections} connections per process (DATABASE_CONNECTIONS)"
+                + (
+                    "; a pooler or proxy is in front of the server"
+                    if proxied
+                    else "; connected to the server directly"
+                )
+                + f", DATABASE_POOLER={settings.database_pooler}"
+            )
+            if proxied and settings.database_pooler != "transaction":
+                return CheckResult(
+                    "database",
+                    True,
+                    detail + " (set DATABASE_POOLER=transaction if it is PgBouncer in "
+                    "transaction mode)",
+                    warning=True,
+                )
+        return CheckResult("database", verdict == "ok", detail)
     finally:
         await store.close()
 

@@ -22,6 +22,7 @@ __all__ = [
     "ModelError",
     "PlatformError",
     "SchemaVersionError",
+    "SessionLeaseLostError",
     "StorageError",
     "TapRefusedError",
     "TurnError",
@@ -160,6 +161,12 @@ class CommitOutcomeUnknownError(DatabaseUnavailableError):
     committed. Read its keys back once connected; never guess (``ambiguous``)."""
 
     ambiguous = True
+
+
+class SessionLeaseLostError(DatabaseUnavailableError):
+    """A turn's save found its session lease taken over (its process froze, or lost the
+    database, past the lease): nothing was written, and the work may be run again by
+    whoever holds the session now (``retryable``)."""
 
 
 class SchemaVersionError(StorageError):

@@ -144,6 +144,22 @@ class Metrics:
         )
         # Read at each scrape (the gateway sets the function), never a stale last value.
         self.queued = Gauge("chatflow_queued_messages", "Messages waiting for a worker", registry=r)
+        self.turns_running = Gauge(
+            "chatflow_turns_running",
+            "Turns inside their conversation (model, tools, save)",
+            registry=r,
+        )
+        self.connection_waiters = Gauge(
+            "chatflow_database_connection_waiters",
+            "Tasks (turns' short transactions among them) waiting for a pooled database connection",
+            registry=r,
+        )
+        self.turns_waiting = Gauge(
+            "chatflow_turns_waiting",
+            "Turns waiting for their conversation: an earlier turn of it, here or in "
+            "another process (PostgreSQL)",
+            registry=r,
+        )
         self._in_by_platform: dict[str, Counter] = {}
 
     def count_in(self, platform: str) -> None:

@@ -48,6 +48,15 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-cache >/dev/null 2>&1 \
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "postgresql-$major-pgvector" >/dev/null || true
 fi
 
+# PgBouncer (issue #38): the tests that run through a transaction-mode pooler start
+# Debian's pgbouncer themselves (tests/pgbouncer.py); installed here so CI has it.
+if [ "$(id -u)" -eq 0 ] && ! command -v pgbouncer >/dev/null 2>&1 \
+    && [ ! -x /usr/sbin/pgbouncer ] && command -v apt-get >/dev/null 2>&1; then
+    echo "with-postgres: installing Debian's pgbouncer package" >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+fi
+
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/chatflow-pg.XXXXXX")
 as_server_user() {
     if [ "$(id -u)" -eq 0 ]; then

@@ -57,11 +57,13 @@ def test_the_banner_label_hides_the_password(tmp_path: Path) -> None:
 
 
 def test_open_store_picks_the_database_and_sizes_the_pools(tmp_path: Path) -> None:
-    store = open_store(load_settings(database_url=URL, max_concurrent_turns=5))
+    store = open_store(
+        load_settings(database_url=URL, max_concurrent_turns=500, database_connections=5)
+    )
     assert isinstance(store, PostgresSessionStore)
-    # One lock connection per running turn (and two spare); transactions get their own pool.
-    assert store._max_lock_connections == 7
-    assert store._max_pool == 7
+    # One pool of DATABASE_CONNECTIONS, whatever the turns: they hold none while thinking.
+    assert store._max_pool == 5
+    assert store.leases.owner == Owner.current().instance_id
     assert isinstance(open_store(load_settings(data_dir=tmp_path)), SQLiteSessionStore)
 
 

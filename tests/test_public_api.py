@@ -31,9 +31,11 @@ DESIGN_NAMES = {
 # DESIGN.md §3.8 "Library": the settings the Runner reads, and the error family.
 LIBRARY_NAMES = {
     "ToolContext",
+    "DatabaseUnavailableError",
+    "CommitOutcomeUnknownError",
+    "SessionLeaseLostError",
     "ModelSettings",
     "AgentNotFoundError",
-    "CommitOutcomeUnknownError",
     "ConfigurationError",
     "EmptyAnswerError",
     "MaxToolRoundsError",
@@ -56,7 +58,6 @@ LIBRARY_NAMES = {
     "AudioPart",
     "DocumentPart",
     "LocationPart",
-    "DatabaseUnavailableError",
     "ContactPart",
     "MessagePart",
     "MediaError",

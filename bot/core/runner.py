@@ -53,6 +53,7 @@ from bot.core.stores.base import BaseSessionStore, require_transactional
 from bot.core.stores.in_memory import SessionStore
 from bot.core.streaming import ReplyStream, ask_model
 from bot.core.tools import FunctionTool, ToolContext, error_result
+from bot.core.turn_gauges import CountedTurn
 from bot.core.usage import CallUsage
 from bot.errors import ChatflowError, EmptyAnswerError, MaxToolRoundsError, TurnError
 from bot.tracing import genai, names, spans
@@ -206,6 +207,11 @@ class Runner:
         self.max_tool_rounds = max_tool_rounds
         self.stream_replies = stream_replies
         self._agents = self._collect(starting_agent)
+        self.turns_running = 0
+        """Turns inside their session (model, tools, save): a gauge for ``/metrics``."""
+        self.turns_waiting = 0
+        """Turns waiting for their session: an earlier turn of it in this process, or
+        (PostgreSQL) another process holding its lease. A gauge for ``/metrics``."""
         self._owns_store = session_store is None
         self.store: BaseSessionStore = (
             session_store if session_store is not None else SessionStore()
@@ -329,6 +335,10 @@ class Runner:
         """Close it (``aclose``), whether the block raised or not."""
         await self.aclose()
 
+    def _counted(self, session_id: str) -> CountedTurn:
+        """``store.session_lock``, counted in ``turns_waiting`` then ``turns_running``."""
+        return CountedTurn(self, self.store.session_lock(session_id))
+
     async def run_async(
         self,
         session_id: str,
@@ -367,7 +377,7 @@ class Runner:
             candidate = metadata.get(_INBOUND_ID_KEY)
             inbound_message_id = str(candidate) if candidate is not None else None
         try:
-            async with self.store.session_lock(session_id):
+            async with self._counted(session_id):
                 session = await self._load(session_id)
                 if on_commit is not None:  # before the model runs, not at the save
                     require_transactional(self.store, "run_async(on_commit=...)")

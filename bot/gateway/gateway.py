@@ -33,6 +33,7 @@ from bot.core.scheduling import POLICY as SCHEDULING_POLICY
 from bot.core.scheduling import SchedulingPolicy
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
+from bot.core.stores.sql import SQLSessionStore
 from bot.core.voice import Voice
 from bot.errors import ChatflowError, PlatformError, TapRefusedError
 from bot.gateway.access.control import AccessControl, budget_notice
@@ -236,6 +237,11 @@ class Gateway:
         self._early: list[InboxEntry | Obligation] = []
         self._starters: list[asyncio.Task[None]] = []
         self.metrics.queued.set_function(lambda: self._waiting_turns)
+        self.metrics.turns_running.set_function(lambda: self.runner.turns_running)
+        self.metrics.turns_waiting.set_function(lambda: self.runner.turns_waiting)
+        sql_store = runner.store
+        if isinstance(sql_store, SQLSessionStore):
+            self.metrics.connection_waiters.set_function(lambda: sql_store.connection_waiters)
         self._ready = False
         self._ready_event = asyncio.Event()
         self._accepting = False

@@ -267,6 +267,12 @@ class InstanceRegistry:
         self._store = store
         self._owner = owner or Owner.current()
         self._lease = float(lease_seconds)
+        # The store's session leases (issue #38) carry this process's token and length,
+        # so a takeover frees them with the rest of its work. (Duck-typed: only the
+        # PostgreSQL store has them, and this module does not load its driver.)
+        bind = getattr(store, "bind_lease_owner", None)
+        if bind is not None:
+            bind(self._owner.instance_id, self._lease)
         self._renew_every = float(renew_every) if renew_every else self._lease / 3
         if not 0 < self._renew_every < self._lease:
             raise ValueError("renew_every must be positive and shorter than the lease")
@@ -453,7 +459,8 @@ class InstanceRegistry:
 
     async def end_backends_of_expired(self) -> int:
         """End the database sessions of processes whose lease expired (their locks and
-        open transactions go with them); returns how many. Needs the right to signal
+        open transactions go with them) and free their session leases; returns how many
+        sessions were ended. Needs the right to signal
         the role's backends (the same role, or ``pg_signal_backend``)."""
         async with self._store.transaction() as tx:
             rows = await tx.fetchall(
@@ -463,9 +470,22 @@ class InstanceRegistry:
                 "AND a.pid != pg_backend_pid()",
                 (APPLICATION_PREFIX, self.instance_id),
             )
+        async with self._store.transaction() as tx:
+            # Their conversations too (issue #38): a session lease lives no longer than
+            # its owner's instance lease, even if a half-frozen owner still renews it.
+            # Their saves are fenced by the lease's generation.
+            freed = await tx.execute(
+                "UPDATE chatflow_session_leases SET owner_instance = '', "
+                "expires_at = '-infinity' WHERE owner_instance IN ("
+                f"SELECT instance_id FROM {_TABLE} WHERE lease_expires_at <= {_NOW} "
+                "AND instance_id != ?)",
+                (self.instance_id,),
+            )
         ended = sum(1 for (done,) in rows if done)
         if ended:
             logger.warning("ended %d database session(s) of processes whose lease expired", ended)
+        if freed:
+            logger.warning("freed %d conversation(s) of processes whose lease expired", freed)
         return ended
 
     async def start(self) -> None:

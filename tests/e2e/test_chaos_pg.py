@@ -18,6 +18,8 @@ bot restarted:
 Each fault's figures must show 0 lost, 0 unmarked duplicates, 0 stranded, 0
 acknowledged commits lost, every job once and every owed reply within
 3 x lease + 20 s of the heal. The figures go to docs/RELIABILITY.md.
+``make chaos`` also plays the two short outages with the proxies in front of
+PgBouncer in transaction mode (``tests.pgbouncer``, issue #38).
 
 ``make test`` runs the two cheapest faults (short silence, short cut) with two
 bots on the test server (``scripts/with-postgres.sh``) and the same bars.
@@ -37,6 +39,7 @@ import pytest
 from tests.e2e.chaos_report import write_figures
 from tests.e2e.chaos_world import HEADER, LEASE_SECONDS, ChaosWorld, Figures, Phase
 from tests.e2e.pgcluster import PgCluster
+from tests.pgbouncer import bouncer
 from tests.pgtest import fresh_schema
 
 FULL = os.environ.get("CHATFLOW_CHAOS") == "full"
@@ -134,7 +137,31 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[ChaosWorld, PgCluster | N
 async def test_database_faults_lose_nothing_and_strand_nothing(
     world: tuple[ChaosWorld, PgCluster | None],
 ) -> None:
-    made, cluster = world
+    await _play(*world)
+
+
+@pytest.mark.skipif(not FULL, reason="make chaos: the faults through PgBouncer")
+async def test_database_faults_through_pgbouncer_lose_nothing(tmp_path: Path) -> None:
+    """The short outages (silence, cut) with the fault proxies in front of PgBouncer in
+    transaction mode (issue #38): the bots hold nothing in a database session."""
+    async with fresh_schema() as dsn, bouncer(dsn, pool_size=8) as through:
+        parts = urlsplit(through)
+        assert parts.port is not None
+        made = ChaosWorld(
+            ports=[parts.port],
+            admin_dsn=lambda: dsn,
+            database=parts.path.lstrip("/"),
+            query="target_session_attrs=read-write",
+            rng=random.Random(SEED),
+        )
+        try:
+            await made.start(tmp_path, 2, {"DATABASE_POOLER": "transaction"})
+            await _play(made, None)
+        finally:
+            await made.stop()
+
+
+async def _play(made: ChaosWorld, cluster: PgCluster | None) -> None:
     size = (6, 4, 3) if FULL else (3, 3, 2)
     results: list[Figures] = []
     for index, phase in enumerate(_phases(made, cluster)):
@@ -146,7 +173,7 @@ async def test_database_faults_lose_nothing_and_strand_nothing(
         )
     table = "\n".join([HEADER, *(f.row() for f in results)])
     print("\n" + table)
-    if FULL:
+    if FULL and cluster is not None:
         write_figures(table, seed=SEED, lease=LEASE_SECONDS)
     failed = [f.fault for f in results if not f.holds(LEASE_SECONDS)]
     logs = "\n".join(f"--- bot{i}\n" + "\n".join(b.log[-60:]) for i, b in enumerate(made.bots))

@@ -72,9 +72,15 @@ class ConnectionOptions:
     """Seconds the server lets a transaction sit idle before ending its session."""
     application_name: str = "chatflow"
     """Names this process's connections on the server (``pg_stat_activity``)."""
+    pooler: str = "none"
+    """``"transaction"`` behind PgBouncer in transaction mode: no prepared-statement
+    cache, and only ``application_name`` at connect (PgBouncer refuses other startup
+    parameters, and would not keep them per transaction anyway)."""
 
     def server_settings(self) -> dict[str, str]:
         """What the server is told at connect time (per connection)."""
+        if self.pooler == "transaction":
+            return {"application_name": self.application_name}
         return {
             "tcp_keepalives_idle": str(self.keepalive_idle),
             "tcp_keepalives_interval": str(self.keepalive_interval),

@@ -7,23 +7,20 @@ one ``INSERT ... ON CONFLICT`` on a unique key, so of any number of processes
 exactly one wins an id.
 
 Connections
-    Two asyncpg pools. The main pool runs transactions (each ``transaction()``
-    block holds one connection for its duration). The lock pool only holds
-    session locks: a turn keeps its lock connection while the model works, and
-    a separate pool means a process full of waiting turns can never starve the
-    turns that hold a lock of the connections they need to save.
+    One asyncpg pool; every connection is borrowed for one transaction or one
+    statement and given back. Nothing lives in a database session between
+    transactions (no session advisory lock, no ``SET``), so the store also works
+    through PgBouncer in transaction mode (``ConnectionOptions.pooler``).
 
 Per-session order across processes
     ``session_lock`` takes the in-process lock first (coroutines of one process
-    queue locally), then a session-level ``pg_advisory_lock`` keyed by a 64-bit
-    hash of (database, schema, session id) on a lock-pool connection, held for
-    the whole turn. The server releases it when the holder's connection ends,
-    so a killed process never leaves a session locked (TCP keepalives and
-    ``tcp_user_timeout``, set per connection, make it notice a dead host within
-    ``DATABASE_TCP_USER_TIMEOUT_SECONDS``; a frozen process's sessions are ended by
-    the process that takes its work over). Should a lock be lost anyway (a network
-    partition), the save's own check refuses a stale context (``StorageError``), so
-    two turns still cannot interleave.
+    queue locally, in arrival order), then the session's lease row
+    (``bot.core.stores.pglease``): taken by one short statement, given back by
+    another, renewed by one statement per process every third of the lease.
+    While the model thinks the turn holds no connection. A killed process's
+    leases expire and go to the others; a frozen one's save is fenced: tx 2
+    reads the lease row ``FOR SHARE`` with this owner and generation, and
+    refuses to save without it (``SessionLeaseLostError``).
 
 Timeouts
     Every wait is bounded (``bot.core.stores.pgconnect``): per-host connects,
@@ -48,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -58,7 +56,7 @@ import asyncpg
 from bot.core.ids import validate_session_id
 from bot.core.session import DEFAULT_MAX_TURNS
 from bot.core.sql import (
-    advisory_key,
+    ensure_schema,
     is_postgres_url,
     qmark_to_dollar,
     redact_dsn,
@@ -67,12 +65,17 @@ from bot.core.sql import (
 from bot.core.stores.base import DEFAULT_DEDUP_TTL_HOURS
 from bot.core.stores.cache import DEFAULT_CACHE_MESSAGES, VERSION_SQL, SessionCache
 from bot.core.stores.pgconnect import ConnectionOptions, connector
+from bot.core.stores.pglease import (
+    DEFAULT_SESSION_LEASE_SECONDS,
+    LEASE_COMPONENT,
+    LEASE_MIGRATIONS,
+    SessionLeases,
+)
 from bot.core.stores.schema import SCHEMA_VERSION, ensure_session_schema_in
 from bot.core.stores.sql import DriverTransaction, SQLSessionStore
 from bot.errors import DatabaseUnavailableError, StorageError
 
 __all__ = [
-    "DEFAULT_MAX_LOCK_CONNECTIONS",
     "DEFAULT_MAX_POOL",
     "SCHEMA_VERSION",
     "PostgresSessionStore",
@@ -84,8 +87,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_POOL: Final = 10
 """Connections of the main pool (transactions)."""
-DEFAULT_MAX_LOCK_CONNECTIONS: Final = 10
-"""Connections of the lock pool: the most session locks one store holds at once."""
 CLOSE_TIMEOUT_SECONDS: Final = 10.0
 """How long ``close`` waits for borrowed connections before cutting them."""
 
@@ -144,6 +145,12 @@ def _error(what: str, exc: BaseException) -> StorageError:
     """``StorageError`` for ``exc`` (``DatabaseUnavailableError`` when the database is away)."""
     kind = DatabaseUnavailableError if _unavailable(exc) else StorageError
     return kind(f"{what}: {_describe(exc)}")
+
+
+async def _end_transaction(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    """The pool's reset behind a transaction-mode pooler: roll back, nothing else."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
 
 
 def _quote_identifier(name: str) -> str:
@@ -272,11 +279,14 @@ class PostgresSessionStore(SQLSessionStore):
         prune_to_turns: int | None = None,
         min_pool: int = 1,
         max_pool: int = DEFAULT_MAX_POOL,
-        max_lock_connections: int = DEFAULT_MAX_LOCK_CONNECTIONS,
         cache_messages: int = DEFAULT_CACHE_MESSAGES,
         options: ConnectionOptions | None = None,
+        lease_owner: str | None = None,
+        session_lease_seconds: float = DEFAULT_SESSION_LEASE_SECONDS,
     ) -> None:
-        """``options``: timeouts, keepalives and the connections' ``application_name``."""
+        """``options``: timeouts, keepalives, ``application_name`` and pooler mode.
+        ``lease_owner`` names this process in session leases (its instance id, the
+        fencing token of ``owner_instance``; a random one if ``None``)."""
         super().__init__(
             default_max_turns,
             dedup_ttl_hours=dedup_ttl_hours,
@@ -290,15 +300,15 @@ class PostgresSessionStore(SQLSessionStore):
             raise ValueError("dsn must be a postgresql:// URL")
         if not 0 <= min_pool <= max_pool or max_pool < 1:
             raise ValueError("need 0 <= min_pool <= max_pool and max_pool >= 1")
-        if max_lock_connections < 1:
-            raise ValueError("max_lock_connections must be at least 1")
         self._dsn = dsn
         self._options = options or ConnectionOptions()
         self._min_pool = min_pool
         self._max_pool = max_pool
-        self._max_lock_connections = max_lock_connections
         self._pool: asyncpg.Pool | None = None
-        self._lock_pool: asyncpg.Pool | None = None
+        self._waiters = 0
+        self._leases = SessionLeases(
+            lease_owner or uuid.uuid4().hex, session_lease_seconds, self._run_one
+        )
         self._closed = False
         self._open_lock = asyncio.Lock()
         self._lock_namespace = ""
@@ -331,14 +341,12 @@ class PostgresSessionStore(SQLSessionStore):
             raise _error(where, exc) from exc
         try:
             await self._migrate(pool)
-            lock_pool = await self._create_pool(0, self._max_lock_connections)
         except BaseException as exc:
             pool.terminate()
             if isinstance(exc, _DB_ERRORS):
                 raise _error("cannot prepare the session tables", exc) from exc
             raise
         self._pool = pool
-        self._lock_pool = lock_pool
 
     @property
     def options(self) -> ConnectionOptions:
@@ -354,15 +362,30 @@ class PostgresSessionStore(SQLSessionStore):
             # forwards them all.
             connect=cast(Any, connector(self._options)),
             server_settings=self._options.server_settings(),
+            # Through a transaction-mode pooler a prepared statement may be missing on
+            # the server connection the next transaction gets.
+            statement_cache_size=0 if self._options.pooler == "transaction" else 100,
+            # asyncpg's reset (RESET ALL, unlock all, ...) would run on whatever server
+            # connection the pooler lends, undoing its connect_query settings: the store
+            # leaves no session state, so only an open transaction needs ending.
+            reset=_end_transaction if self._options.pooler == "transaction" else None,
         )
 
     async def _acquire(self, pool: asyncpg.Pool) -> _Conn:
+        self._waiters += 1
         try:
             conn: _Conn = await pool.acquire(timeout=self._options.acquire_timeout)
         except _DB_ERRORS as exc:
             self._forget_snapshots()
             raise _error("cannot reach PostgreSQL", exc) from exc
+        finally:
+            self._waiters -= 1
         return conn
+
+    @property
+    def connection_waiters(self) -> int:
+        """Tasks waiting for one of the pool's connections now (a gauge)."""
+        return self._waiters
 
     async def _migrate(self, pool: asyncpg.Pool) -> None:
         async with pool.acquire(timeout=self._options.acquire_timeout) as conn:
@@ -377,6 +400,7 @@ class PostgresSessionStore(SQLSessionStore):
                     database = None if names is None else names[0]
                 self._lock_namespace = f"{database}|{schema}"
                 await ensure_session_schema_in(tx)
+                await ensure_schema(tx, LEASE_COMPONENT, LEASE_MIGRATIONS)
 
     async def _create_schema(self, conn: _Conn) -> str:
         """Create the first schema of ``search_path`` (``?search_path=tenant_a``): it names
@@ -405,10 +429,12 @@ class PostgresSessionStore(SQLSessionStore):
         """Close both pools; the store cannot be used afterwards. Idempotent."""
         if asyncio.current_task() in self._tx_tasks:
             raise StorageError("close() called inside the store's own transaction")
+        if self._pool is not None and not self._closed:
+            await self._leases.close()
         self._closed = True
         async with self._open_lock:
-            pools = [p for p in (self._lock_pool, self._pool) if p is not None]
-            self._pool = self._lock_pool = None
+            pools = [p for p in (self._pool,) if p is not None]
+            self._pool = None
         for pool in pools:
             try:
                 await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT_SECONDS)
@@ -418,10 +444,10 @@ class PostgresSessionStore(SQLSessionStore):
 
     async def _pools(self) -> tuple[asyncpg.Pool, asyncpg.Pool]:
         await self.open()
-        pool, lock_pool = self._pool, self._lock_pool
-        if pool is None or lock_pool is None:
+        pool = self._pool
+        if pool is None:
             raise StorageError("the session store is closed")
-        return pool, lock_pool
+        return pool, pool
 
     @asynccontextmanager
     async def _transaction(
@@ -470,41 +496,82 @@ class PostgresSessionStore(SQLSessionStore):
         with contextlib.suppress(*_DB_ERRORS):
             await pool.release(conn)
 
-    # -- session locks ---------------------------------------------------------------
+    @property
+    def max_connections(self) -> int:
+        """The most server connections this store opens (its one pool)."""
+        return self._max_pool
 
-    def _session_key(self, session_id: str) -> int:
-        return advisory_key(f"chatflow-session|{self._lock_namespace}|{session_id}")
+    async def behind_proxy(self) -> bool:
+        """Whether something stands between this process and the server (PgBouncer, a
+        TCP proxy): the server's backend sees a client address other than this socket's."""
+        pool, _ = await self._pools()
+        conn = await self._acquire(pool)
+        try:
+            transport = getattr(conn, "_transport", None)  # the proxy passes it through
+            mine = None if transport is None else transport.get_extra_info("sockname")
+            row = await conn.fetchrow(
+                "SELECT client_addr::text, client_port FROM pg_stat_activity "
+                "WHERE pid = pg_backend_pid()",
+                timeout=self._options.statement_timeout,
+            )
+        except _DB_ERRORS as exc:
+            raise _error("SQL query failed", exc) from exc
+        finally:
+            await self._release(pool, conn)
+        if row is None or row[1] is None or not isinstance(mine, tuple):
+            return False  # a Unix socket: nothing between
+        return int(row[1]) != int(mine[1])
+
+    # -- session leases --------------------------------------------------------------
+
+    async def _run_one(self, sql: str, *args: Any) -> Any:
+        """One statement on a pooled connection (autocommit): its first value."""
+        pool, _ = await self._pools()
+        conn = await self._acquire(pool)
+        try:
+            return await conn.fetchval(sql, *args, timeout=self._options.statement_timeout)
+        except _DB_ERRORS as exc:
+            raise _error("cannot take or free a session lease", exc) from exc
+        finally:
+            await self._release(pool, conn)
+
+    def bind_lease_owner(self, owner: str, lease_seconds: float) -> None:
+        """Name this process in session leases by ``owner`` (its instance id, the token of
+        its instance lease) with leases of ``lease_seconds``: ``InstanceRegistry`` calls
+        it, so a takeover of the instance frees its sessions too. Refused while leases
+        are held."""
+        if len(self._leases) and owner != self._leases.owner:
+            raise StorageError("cannot rename the lease owner while sessions are held")
+        self._leases.owner = owner
+        self._leases.lease_seconds = lease_seconds
+
+    @property
+    def leases(self) -> SessionLeases:
+        """This store's session leases (``bot.core.stores.pglease``)."""
+        return self._leases
 
     @asynccontextmanager
     async def session_lock(self, session_id: str) -> AsyncIterator[None]:
         """Serialise turns of ``session_id`` across every process on this database.
 
-        Not re-entrant. Held as a session-level advisory lock on a connection of
-        the lock pool; the server drops it if this process dies.
+        Not re-entrant. The in-process lock first (this process's turns queue in
+        arrival order), then the session's lease row, taken and given back by short
+        statements: no connection is held in between. The save of a turn inside is
+        fenced by the lease (``_lease_fence``).
         """
         validate_session_id(session_id)
         async with self._session_locks.hold(session_id):
-            _, lock_pool = await self._pools()
-            key = self._session_key(session_id)
-            conn = await self._acquire(lock_pool)
-            try:
-                await conn.execute("SELECT pg_advisory_lock($1)", key)
-            except BaseException as exc:
-                # Cancelled or failed while waiting: the lock may have been granted
-                # meanwhile, so the connection goes (and the server frees the lock).
-                _cut(conn)
-                await self._release(lock_pool, conn)
-                if isinstance(exc, _DB_ERRORS):
-                    raise _error("cannot lock the session", exc) from exc
-                raise
+            await self.open()
+            generation = await self._leases.take(session_id)
+            token = self._leases.enter(session_id, generation)
             try:
                 yield
             finally:
-                try:
-                    await asyncio.shield(conn.execute("SELECT pg_advisory_unlock($1)", key))
-                except (asyncio.CancelledError, *_DB_ERRORS):
-                    _cut(conn)
-                await self._release(lock_pool, conn)
+                self._leases.leave(token)
+                await self._leases.give_back(session_id, generation)
+
+    def _lease_fence(self, session_id: str) -> tuple[str, tuple[Any, ...]] | None:
+        return self._leases.fence(session_id)
 
     # -- sessions -------------------------------------------------------------------
 

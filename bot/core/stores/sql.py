@@ -38,7 +38,7 @@ from bot.core.stores.base import (
     dump_metadata,
 )
 from bot.core.stores.cache import CachedLoads
-from bot.errors import CommitOutcomeUnknownError, StorageError
+from bot.errors import CommitOutcomeUnknownError, SessionLeaseLostError, StorageError
 
 __all__ = ["DriverTransaction", "SQLSessionStore"]
 
@@ -150,6 +150,18 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
     @abstractmethod
     async def _open_connection(self) -> None:
         """Connect and migrate; called once, under ``_open_lock``."""
+
+    @property
+    def connection_waiters(self) -> int:
+        """Tasks waiting for a pooled database connection now (a gauge; 0 without a pool)."""
+        return 0
+
+    def _lease_fence(self, session_id: str) -> tuple[str, tuple[Any, ...]] | None:
+        """The statement (and parameters) a save of ``session_id`` runs first in its
+        transaction to prove the current turn still owns the session: no row back and
+        the save fails with ``SessionLeaseLostError``. ``None``: nothing to prove (a
+        store with in-process locks only, or a save outside ``session_lock``)."""
+        return None
 
     @abstractmethod
     def _is_unique_violation(self, exc: BaseException | None) -> bool:
@@ -407,6 +419,7 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
         gone = saved = False
         version = _new_version()
         state = session._state() if self._cache.enabled else None  # what this save writes
+        fence = self._lease_fence(session_id)  # read here: the body may run elsewhere
 
         def committed() -> None:
             nonlocal saved
@@ -417,6 +430,11 @@ class SQLSessionStore(TransactionalStore, CachedLoads):
         # The body may run on a database thread: it touches no session state.
         async def body(tx: Transaction) -> None:
             nonlocal incarnation, gone, version
+            if fence is not None and await tx.fetchone(*fence) is None:
+                raise SessionLeaseLostError(
+                    f"session {log_session_id(session_id)} was taken over by another "
+                    "process while this turn ran; nothing was saved"
+                )
             # Saves of one session queue here, whatever process runs them.
             row = await tx.fetchone(
                 "SELECT created_at, version FROM chatflow_sessions WHERE session_id = ?"

@@ -43,19 +43,15 @@ async def scalar(dsn: str, sql: str, *args: object) -> object:
         await conn.close()
 
 
-async def advisory_locks(dsn: str, key: int, *, granted: bool) -> int:
-    """Advisory locks on ``key`` in the test database (other tests' keys never count)."""
-    unsigned = key & 0xFFFFFFFFFFFFFFFF
+async def lease_holder(dsn: str, session_id: str) -> str:
+    """Who holds ``session_id``'s lease ('' when free or never taken)."""
     value = await scalar(
         dsn,
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted = $1 "
-        "AND classid::bigint = $2 AND objid::bigint = $3 AND objsubid = 1 "
-        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        granted,
-        unsigned >> 32,
-        unsigned & 0xFFFFFFFF,
+        "SELECT coalesce(max(owner_instance), '') FROM chatflow_session_leases "
+        "WHERE session_id = $1",
+        session_id,
     )
-    assert isinstance(value, int)
+    assert isinstance(value, str)
     return value
 
 
@@ -257,7 +253,7 @@ async def test_session_lock_serialises_turns_across_instances(pg_dsn: str, agent
         await inside_one.wait()
         second = asyncio.create_task(turn(two, "two", inside_two, None))
         try:
-            await until(lambda: _waiting(one, pg_dsn))  # two waits on the server, not locally
+            await until(lambda: _waiting(two))  # two polls the server, not a local lock
             assert not inside_two.is_set()
         finally:
             release_one.set()
@@ -268,8 +264,8 @@ async def test_session_lock_serialises_turns_across_instances(pg_dsn: str, agent
         assert await _no_locks(one, pg_dsn)
 
 
-async def _waiting(store: PostgresSessionStore, dsn: str, session_id: str = "s") -> bool:
-    return await advisory_locks(dsn, store._session_key(session_id), granted=False) > 0
+async def _waiting(store: PostgresSessionStore) -> bool:
+    return store.leases.waiting > 0
 
 
 async def test_different_sessions_do_not_wait_for_each_other(pg_dsn: str) -> None:
@@ -289,15 +285,15 @@ async def _enter(store: PostgresSessionStore, session_id: str) -> None:
 async def test_a_killed_holder_releases_the_session_lock(pg_dsn: str) -> None:
     async with PostgresSessionStore(pg_dsn) as store:
         await store.open()
-        key = store._session_key("s")
         script = textwrap.dedent(
             f"""
-            import asyncio, sys, asyncpg
+            import asyncio
+            from bot.core.stores.postgres import PostgresSessionStore
             async def main():
-                conn = await asyncpg.connect({pg_dsn!r})
-                await conn.execute("SELECT pg_advisory_lock($1)", {key})
-                print("locked", flush=True)
-                await asyncio.sleep(120)
+                store = PostgresSessionStore({pg_dsn!r}, session_lease_seconds=1.5)
+                async with store.session_lock("s"):
+                    print("locked", flush=True)
+                    await asyncio.sleep(120)
             asyncio.run(main())
             """
         )
@@ -314,9 +310,12 @@ async def test_a_killed_holder_releases_the_session_lock(pg_dsn: str) -> None:
                     entered.set()
 
             taker = asyncio.create_task(take())
-            await until(lambda: _waiting(store, pg_dsn))
+            await until(lambda: _waiting(store))
+            # The live holder renews its lease: still held past its first expiry.
+            first = await scalar(pg_dsn, "SELECT max(expires_at) FROM chatflow_session_leases")
+            await until(lambda: _later(pg_dsn, first))
             assert not entered.is_set()
-            os.kill(holder.pid, signal.SIGKILL)  # the process dies holding the lock
+            os.kill(holder.pid, signal.SIGKILL)  # the process dies holding the lease
             await asyncio.wait_for(taker, timeout=10)
             assert entered.is_set()
         finally:
@@ -338,7 +337,7 @@ async def test_a_cancelled_wait_leaves_no_lock_behind(pg_dsn: str) -> None:
         holder = asyncio.create_task(hold())
         await held.wait()
         waiter = asyncio.create_task(_enter(two, "s"))
-        await until(lambda: _waiting(one, pg_dsn))
+        await until(lambda: _waiting(two))
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
@@ -387,9 +386,13 @@ async def test_a_transaction_cancelled_at_any_point_stays_cancelled_and_returns_
 
 
 async def _no_locks(store: PostgresSessionStore, dsn: str) -> bool:
-    key = store._session_key("s")
-    held = await advisory_locks(dsn, key, granted=True)
-    return held == 0 and await advisory_locks(dsn, key, granted=False) == 0
+    return await lease_holder(dsn, "s") == "" and store.leases.waiting == 0
+
+
+async def _later(dsn: str, first: object) -> bool:
+    return bool(
+        await scalar(dsn, "SELECT max(expires_at) > $1 FROM chatflow_session_leases", first)
+    )
 
 
 async def test_claims_across_instances_have_one_winner(pg_dsn: str) -> None:
