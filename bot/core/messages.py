@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -162,3 +164,24 @@ class Message(BaseModel):
     parts: list[MessagePart] = Field(default_factory=list)
     """Attachments (USER messages): images, audio, documents, locations, contacts.
     Rows written before parts existed load with none."""
+
+
+def unique_call_ids(
+    calls: list[ToolCall], invalid: Mapping[str, str]
+) -> tuple[list[ToolCall], dict[str, str]]:
+    """Give every tool call of one answer a distinct, non-empty id (results pair by id).
+
+    Returns the calls and the invalid-call reasons keyed by the final ids.
+    """
+    seen: set[str] = set()
+    result: list[ToolCall] = []
+    reasons: dict[str, str] = {}
+    for call in calls:
+        original = call.id
+        if not call.id or call.id in seen:
+            call = call.model_copy(update={"id": f"call_{uuid.uuid4().hex[:24]}"})
+        seen.add(call.id)
+        result.append(call)
+        if original in invalid:
+            reasons[call.id] = invalid[original]
+    return result, reasons

@@ -15,7 +15,6 @@ import asyncio
 import contextvars
 import functools
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
@@ -38,7 +37,7 @@ from bot.core.ids import log_session_id
 from bot.core.long_memory.block import system_prompt
 from bot.core.mcp.lifecycle import close_servers, connect_servers
 from bot.core.mcp.servers import MCPServer
-from bot.core.messages import ImagePart, Message, MessagePart, Role, ToolCall
+from bot.core.messages import ImagePart, Message, MessagePart, Role, ToolCall, unique_call_ids
 from bot.core.models.base import ChatModel, ModelResponse, Usage, current_agent_name
 from bot.core.models.routing import (
     ModelRouter,
@@ -546,7 +545,7 @@ class Runner:
                 prompts[agent.name] = await system_prompt(agent, self.store, self.tool_services)
             response = await self._call_model(session, agent, stream, prompts[agent.name])
             turn.called(CallUsage("chat", self._models[agent.name][1], agent.name, response.usage))
-            calls, invalid = _unique_ids(response.tool_calls, response.invalid_tool_calls)
+            calls, invalid = unique_call_ids(response.tool_calls, response.invalid_tool_calls)
             if not calls and not (response.content or "").strip():
                 # No adapter can send a blank reply: committing it would leave the
                 # user in silence. As a model failure the turn rolls back instead.
@@ -786,24 +785,3 @@ class Runner:
             logger.warning("Handoff to unregistered agent %r refused", handoff.target.name)
             return error_result(f"agent {handoff.target.name!r} is not available"), None
         return f"Transferred to {target.name}", target
-
-
-def _unique_ids(
-    calls: list[ToolCall], invalid: Mapping[str, str]
-) -> tuple[list[ToolCall], dict[str, str]]:
-    """Give every tool call of one answer a distinct, non-empty id (results pair by id).
-
-    Returns the calls and the invalid-call reasons keyed by the final ids.
-    """
-    seen: set[str] = set()
-    result: list[ToolCall] = []
-    reasons: dict[str, str] = {}
-    for call in calls:
-        original = call.id
-        if not call.id or call.id in seen:
-            call = call.model_copy(update={"id": f"call_{uuid.uuid4().hex[:24]}"})
-        seen.add(call.id)
-        result.append(call)
-        if original in invalid:
-            reasons[call.id] = invalid[original]
-    return result, reasons
