@@ -10,13 +10,24 @@ batch with the official exporter (OTLP/HTTP protobuf, configured by
 ``OTEL_EXPORTER_OTLP_*``, or the console's). At the end of its stdin (the bot
 stopped, or died) it shuts the exporter down and exits. Ctrl-C's SIGINT is
 ignored: the bot's own stop closes the pipe after its last spans.
+
+It runs ``NICENESS`` steps below the bot's priority: encoding and posting (about
+30 µs of CPU a span) is background work that must not take the CPU from the bot
+when the machine is busy. So that a niced exporter falling behind for a while
+never pushes back on the bot (whose queue would drop), a reader thread drains the
+pipe as frames arrive into a queue of up to ``BACKLOG`` frames; the main thread
+exports them in order, and catches up when the bot is idle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import marshal
+import os
+import queue
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -26,7 +37,13 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-__all__ = ["SCOPE", "frames", "main", "readable"]
+__all__ = ["BACKLOG", "NICENESS", "SCOPE", "frames", "main", "readable"]
+
+NICENESS = 10
+"""Steps below the bot's priority (``os.nice``): the bot's work comes first."""
+BACKLOG = 64
+"""Frames (exports of up to ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans) read ahead of
+the exporter at most; beyond it the pipe, then the bot's queue, fill."""
 
 SCOPE = InstrumentationScope("chatflow")
 _UNSET = Status(StatusCode.UNSET)
@@ -97,8 +114,18 @@ def frames(stream: IO[bytes]) -> Iterator[list[tuple[Any, ...]]]:
             yield batch
 
 
+def _read_ahead(stream: IO[bytes], into: queue.Queue[list[tuple[Any, ...]] | None]) -> None:
+    try:
+        for batch in frames(stream):
+            into.put(batch)
+    finally:
+        into.put(None)
+
+
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # not allowed here: it runs at the bot's priority
+        os.nice(NICENESS)
     kind, endpoint, service = argv[1:4]
     exporter: SpanExporter
     if kind == "console":
@@ -108,10 +135,16 @@ def main(argv: list[str]) -> int:
 
         exporter = OTLPSpanExporter(endpoint=endpoint)
     resource = _Resource(Resource.create({"service.name": service}))
+    ahead: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(BACKLOG)
+    reader = threading.Thread(
+        target=_read_ahead, args=(sys.stdin.buffer, ahead), name="read", daemon=True
+    )
+    reader.start()
     try:
-        for batch in frames(sys.stdin.buffer):
-            # One export a frame, finished before the next is read: a slow collector
-            # fills the pipe, then the bot's queue, which drops and counts.
+        # One export a frame, in order; a slow collector (or an exporter starved of
+        # CPU) fills the backlog, then the pipe, then the bot's queue, which drops
+        # and counts.
+        while (batch := ahead.get()) is not None:
             exporter.export([readable(record, resource) for record in batch])
     finally:
         exporter.shutdown()
