@@ -37,10 +37,11 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-__all__ = ["BACKLOG", "NICENESS", "SCOPE", "frames", "main", "readable"]
+__all__ = ["BACKLOG", "NICENESS", "SCOPE", "frames", "main", "payloads", "readable"]
 
-NICENESS = 10
-"""Steps below the bot's priority (``os.nice``): the bot's work comes first."""
+NICENESS = 19
+"""Steps below the bot's priority (``os.nice``; 19, the lowest): the bot's work, and the
+rest of the machine's, come first; the exporter catches up when they pause."""
 BACKLOG = 64
 """Frames (exports of up to ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans) read ahead of
 the exporter at most; beyond it the pipe, then the bot's queue, fill."""
@@ -99,8 +100,8 @@ def readable(record: tuple[Any, ...], resource: Resource) -> ReadableSpan:
     )
 
 
-def frames(stream: IO[bytes]) -> Iterator[list[tuple[Any, ...]]]:
-    """The batches of records on ``stream``, until it ends (or a frame is cut short)."""
+def payloads(stream: IO[bytes]) -> Iterator[bytes]:
+    """The frames' payloads on ``stream``, until it ends (or a frame is cut short)."""
     while True:
         header = stream.read(4)
         if len(header) < 4:
@@ -109,23 +110,41 @@ def frames(stream: IO[bytes]) -> Iterator[list[tuple[Any, ...]]]:
         payload = stream.read(size)
         if len(payload) < size:
             return
+        yield payload
+
+
+def frames(payloads: Iterator[bytes]) -> Iterator[list[tuple[Any, ...]]]:
+    """The batches of records ``payloads`` hold."""
+    for payload in payloads:
         batch = marshal.loads(payload)
         if isinstance(batch, list):
             yield batch
 
 
-def _read_ahead(stream: IO[bytes], into: queue.Queue[list[tuple[Any, ...]] | None]) -> None:
+def _read_ahead(stream: IO[bytes], into: queue.Queue[bytes | None]) -> None:
     try:
-        for batch in frames(stream):
-            into.put(batch)
+        for payload in payloads(stream):
+            into.put(payload)
     finally:
         into.put(None)
+
+
+def _backlog(ahead: queue.Queue[bytes | None]) -> Iterator[bytes]:
+    while (payload := ahead.get()) is not None:
+        yield payload
 
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):  # not allowed here: it runs at the bot's priority
         os.nice(NICENESS)
+    # Reading starts first: the pipe drains while OpenTelemetry is still importing.
+    # Payloads wait as bytes (about 180 a span), made into records when exported.
+    ahead: queue.Queue[bytes | None] = queue.Queue(BACKLOG)
+    reader = threading.Thread(
+        target=_read_ahead, args=(sys.stdin.buffer, ahead), name="read", daemon=True
+    )
+    reader.start()
     kind, endpoint, service = argv[1:4]
     exporter: SpanExporter
     if kind == "console":
@@ -135,16 +154,11 @@ def main(argv: list[str]) -> int:
 
         exporter = OTLPSpanExporter(endpoint=endpoint)
     resource = _Resource(Resource.create({"service.name": service}))
-    ahead: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(BACKLOG)
-    reader = threading.Thread(
-        target=_read_ahead, args=(sys.stdin.buffer, ahead), name="read", daemon=True
-    )
-    reader.start()
     try:
         # One export a frame, in order; a slow collector (or an exporter starved of
         # CPU) fills the backlog, then the pipe, then the bot's queue, which drops
         # and counts.
-        while (batch := ahead.get()) is not None:
+        for batch in frames(_backlog(ahead)):
             exporter.export([readable(record, resource) for record in batch])
     finally:
         exporter.shutdown()
