@@ -136,8 +136,6 @@ def _backlog(ahead: queue.Queue[bytes | None]) -> Iterator[bytes]:
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError):  # not allowed here: it runs at the bot's priority
-        os.nice(NICENESS)
     # Reading starts first: the pipe drains while OpenTelemetry is still importing.
     # Payloads wait as bytes (about 180 a span), made into records when exported.
     ahead: queue.Queue[bytes | None] = queue.Queue(BACKLOG)
@@ -154,6 +152,10 @@ def main(argv: list[str]) -> int:
 
         exporter = OTLPSpanExporter(endpoint=endpoint)
     resource = _Resource(Resource.create({"service.name": service}))
+    # Niced once started (imported at the bot's priority: a starved start would delay
+    # even the first export by seconds on a busy machine).
+    with contextlib.suppress(OSError):  # not allowed here: it runs at the bot's priority
+        os.nice(NICENESS)
     try:
         # One export a frame, in order; a slow collector (or an exporter starved of
         # CPU) fills the backlog, then the pipe, then the bot's queue, which drops
