@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from bot.tracing import spans
+from bot.tracing.child import NICENESS
 from bot.tracing.export import ChildExporter
 from bot.tracing.recorder import Record, Recorder, sampler_from
 from bot.tracing.setup import configure
@@ -86,6 +87,16 @@ async def test_the_child_exports_the_records_then_ends_with_the_pipe() -> None:
     assert exporter.dropped == 0
     exporter.submit(_record("after"))
     assert exporter.dropped == 1  # after the shutdown: dropped, counted
+
+
+async def test_the_child_runs_below_the_bots_priority() -> None:
+    async with FakeOtlpServer() as otlp:
+        exporter = ChildExporter("otlp", f"{otlp.endpoint}/v1/traces", "unit", ENV)
+        exporter.submit(_record("s"))
+        await otlp.wait_for(lambda s: len(s) == 1, within=30)  # it runs: it has niced itself
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, exporter.process.pid) == min(mine + NICENESS, 19)
+        assert await asyncio.to_thread(exporter.shutdown, 30)
 
 
 async def test_a_full_queue_drops_and_counts_and_never_waits() -> None:

@@ -10,13 +10,24 @@ batch with the official exporter (OTLP/HTTP protobuf, configured by
 ``OTEL_EXPORTER_OTLP_*``, or the console's). At the end of its stdin (the bot
 stopped, or died) it shuts the exporter down and exits. Ctrl-C's SIGINT is
 ignored: the bot's own stop closes the pipe after its last spans.
+
+It runs ``NICENESS`` steps below the bot's priority: encoding and posting (about
+30 µs of CPU a span) is background work that must not take the CPU from the bot
+when the machine is busy. So that a niced exporter falling behind for a while
+never pushes back on the bot (whose queue would drop), a reader thread drains the
+pipe as frames arrive into a queue of up to ``BACKLOG`` frames; the main thread
+exports them in order, and catches up when the bot is idle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import marshal
+import os
+import queue
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -26,7 +37,14 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-__all__ = ["SCOPE", "frames", "main", "readable"]
+__all__ = ["BACKLOG", "NICENESS", "SCOPE", "frames", "main", "payloads", "readable"]
+
+NICENESS = 19
+"""Steps below the bot's priority (``os.nice``; 19, the lowest): the bot's work, and the
+rest of the machine's, come first; the exporter catches up when they pause."""
+BACKLOG = 64
+"""Frames (exports of up to ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans) read ahead of
+the exporter at most; beyond it the pipe, then the bot's queue, fill."""
 
 SCOPE = InstrumentationScope("chatflow")
 _UNSET = Status(StatusCode.UNSET)
@@ -82,8 +100,8 @@ def readable(record: tuple[Any, ...], resource: Resource) -> ReadableSpan:
     )
 
 
-def frames(stream: IO[bytes]) -> Iterator[list[tuple[Any, ...]]]:
-    """The batches of records on ``stream``, until it ends (or a frame is cut short)."""
+def payloads(stream: IO[bytes]) -> Iterator[bytes]:
+    """The frames' payloads on ``stream``, until it ends (or a frame is cut short)."""
     while True:
         header = stream.read(4)
         if len(header) < 4:
@@ -92,13 +110,39 @@ def frames(stream: IO[bytes]) -> Iterator[list[tuple[Any, ...]]]:
         payload = stream.read(size)
         if len(payload) < size:
             return
+        yield payload
+
+
+def frames(payloads: Iterator[bytes]) -> Iterator[list[tuple[Any, ...]]]:
+    """The batches of records ``payloads`` hold."""
+    for payload in payloads:
         batch = marshal.loads(payload)
         if isinstance(batch, list):
             yield batch
 
 
+def _read_ahead(stream: IO[bytes], into: queue.Queue[bytes | None]) -> None:
+    try:
+        for payload in payloads(stream):
+            into.put(payload)
+    finally:
+        into.put(None)
+
+
+def _backlog(ahead: queue.Queue[bytes | None]) -> Iterator[bytes]:
+    while (payload := ahead.get()) is not None:
+        yield payload
+
+
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Reading starts first: the pipe drains while OpenTelemetry is still importing.
+    # Payloads wait as bytes (about 180 a span), made into records when exported.
+    ahead: queue.Queue[bytes | None] = queue.Queue(BACKLOG)
+    reader = threading.Thread(
+        target=_read_ahead, args=(sys.stdin.buffer, ahead), name="read", daemon=True
+    )
+    reader.start()
     kind, endpoint, service = argv[1:4]
     exporter: SpanExporter
     if kind == "console":
@@ -108,10 +152,15 @@ def main(argv: list[str]) -> int:
 
         exporter = OTLPSpanExporter(endpoint=endpoint)
     resource = _Resource(Resource.create({"service.name": service}))
+    # Niced once started (imported at the bot's priority: a starved start would delay
+    # even the first export by seconds on a busy machine).
+    with contextlib.suppress(OSError):  # not allowed here: it runs at the bot's priority
+        os.nice(NICENESS)
     try:
-        for batch in frames(sys.stdin.buffer):
-            # One export a frame, finished before the next is read: a slow collector
-            # fills the pipe, then the bot's queue, which drops and counts.
+        # One export a frame, in order; a slow collector (or an exporter starved of
+        # CPU) fills the backlog, then the pipe, then the bot's queue, which drops
+        # and counts.
+        for batch in frames(_backlog(ahead)):
             exporter.export([readable(record, resource) for record in batch])
     finally:
         exporter.shutdown()
