@@ -16,8 +16,8 @@ session between transactions (PgBouncer's transaction pooling works).
   ticket, a row of ``chatflow_session_waiters`` (an identity column, so tickets
   rise in the order they were drawn), and polls with backoff and jitter (no
   ``LISTEN``, which needs a session) by one statement that takes the lease
-  only while its ticket is the session's lowest live one, and deletes the
-  ticket in the same statement. A waiter that gives up (cancelled, failed)
+  only when no live ticket older than its own is queued for the session, and
+  deletes the ticket in the same statement. A waiter that gives up (cancelled, failed)
   deletes its ticket. Tickets live as leases do: renewed with them, dead after
   ``lease_seconds`` unrenewed, swept at once by a takeover of their instance.
 - **Renew**: every third of the lease one ``UPDATE`` pushes back the expiry of
@@ -105,15 +105,14 @@ _TICKET_SQL: Final = (
     "VALUES ($1, $2, clock_timestamp() + $3 * interval '1 second') RETURNING ticket"
 )
 _TAKE_IN_TURN_SQL: Final = (
-    # Take only while ticket $4 is the session's lowest live one (an expired ticket of
-    # ours still counts: its renewal may have failed); the ticket goes with the take.
-    "WITH head AS (SELECT ticket FROM chatflow_session_waiters "
-    "WHERE session_id = $1 AND (expires_at > clock_timestamp() OR ticket = $4) "
-    "ORDER BY ticket LIMIT 1), "
-    "taken AS (INSERT INTO chatflow_session_leases AS l "
+    # Take only when no live ticket older than ticket $4 is queued for the session; the
+    # ticket goes with the take. A ticket swept meanwhile (its instance was taken over
+    # while still alive) keeps its place all the same: nothing waits on it.
+    "WITH taken AS (INSERT INTO chatflow_session_leases AS l "
     "(session_id, owner_instance, generation, expires_at) "
     "SELECT $1, $2, 1, clock_timestamp() + $3 * interval '1 second' "
-    "FROM head WHERE head.ticket = $4 " + _ON_CONFLICT + "), "
+    "WHERE NOT EXISTS (SELECT 1 FROM chatflow_session_waiters WHERE session_id = $1 "
+    "AND ticket < $4 AND expires_at > clock_timestamp()) " + _ON_CONFLICT + "), "
     "served AS (DELETE FROM chatflow_session_waiters "
     "WHERE ticket = $4 AND EXISTS (SELECT 1 FROM taken)) "
     "SELECT generation FROM taken"

@@ -304,6 +304,36 @@ async def test_a_takeover_frees_the_sessions_of_an_expired_instance(
                 await one.save(stale)
 
 
+async def test_a_takeover_sweeps_the_tickets_of_an_expired_instance(
+    pg_dsn: str, agent: Agent
+) -> None:
+    """A dead instance's place in a session's queue goes at the takeover, not a lease
+    later; a half-frozen one whose ticket was swept still gets the session in turn."""
+    from bot.gateway.instances import InstanceRegistry, Owner
+
+    async with PostgresSessionStore(pg_dsn) as one, PostgresSessionStore(pg_dsn) as two:
+        frozen = InstanceRegistry(one, owner=Owner(1, "frozen-w"), lease_seconds=1)
+        taker = InstanceRegistry(two, owner=Owner(2, "taker-w"), lease_seconds=30)
+        await frozen.register()
+        await taker.register()
+        owner_inside: list[str] = []
+
+        async def wait_in_one() -> None:
+            async with one.session_lock("s"):
+                owner_inside.append(await lease_owner(pg_dsn, "s"))
+
+        async with two.session_lock("s"):
+            waiter = asyncio.create_task(wait_in_one())
+
+            async def swept() -> bool:
+                await taker.end_backends_of_expired()
+                return await tickets(pg_dsn, "s") == 0 and one.leases.queued == 1
+
+            await wait_until(swept, within=10)
+        await asyncio.wait_for(waiter, 5)
+        assert owner_inside == ["frozen-w"]
+
+
 async def lease_owner(dsn: str, session_id: str) -> str:
     import asyncpg
 
