@@ -481,6 +481,13 @@ class InstanceRegistry:
                 "AND instance_id != ?)",
                 (self.instance_id,),
             )
+            # And their places in the sessions' queues: the turns behind them go on.
+            await tx.execute(
+                "DELETE FROM chatflow_session_waiters WHERE owner_instance IN ("
+                f"SELECT instance_id FROM {_TABLE} WHERE lease_expires_at <= {_NOW} "
+                "AND instance_id != ?)",
+                (self.instance_id,),
+            )
         ended = sum(1 for (done,) in rows if done)
         if ended:
             logger.warning("ended %d database session(s) of processes whose lease expired", ended)

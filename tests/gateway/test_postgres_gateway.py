@@ -104,7 +104,7 @@ async def test_every_component_migrates_once_when_five_processes_start_together(
         await conn.close()
     assert {str(r[0]): r[1] for r in rows} == {
         "session_store": 3,
-        "session_leases": 1,
+        "session_leases": 2,
         "inbox": 3,
         "delivery_ledger": 5,
         "chatflow_buttons": 2,

@@ -8,13 +8,21 @@ the turn holds no connection, so a process's running turns are limited by
 session between transactions (PgBouncer's transaction pooling works).
 
 - **Take**: ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` the row is free or its
-  lease has expired, bumping ``generation``. No row back means another process
-  holds it: wait and try again, with backoff and jitter (no ``LISTEN``, which
-  needs a session). Turns of one process queue first on the in-process lock
-  (the store's ``KeyedLocks``), so a process polls once per session, not once
-  per waiting turn, and its turns keep their arrival order.
+  lease has expired and no live waiter is queued for the session, bumping
+  ``generation``. Turns of one process queue first on the in-process lock (the
+  store's ``KeyedLocks``), so a process has at most one taker per session and
+  its turns keep their arrival order.
+- **Queue (FIFO across processes)**: a taker that gets no row back draws a
+  ticket, a row of ``chatflow_session_waiters`` (an identity column, so tickets
+  rise in the order they were drawn), and polls with backoff and jitter (no
+  ``LISTEN``, which needs a session) by one statement that takes the lease
+  only when no live ticket older than its own is queued for the session, and
+  deletes the ticket in the same statement. A waiter that gives up (cancelled, failed)
+  deletes its ticket. Tickets live as leases do: renewed with them, dead after
+  ``lease_seconds`` unrenewed, swept at once by a takeover of their instance.
 - **Renew**: every third of the lease one ``UPDATE`` pushes back the expiry of
-  every lease this process holds (one statement per process, not per turn).
+  every lease this process holds (one statement per process, not per turn),
+  and one more that of its tickets while it has any.
 - **Give back**: ``UPDATE`` to free, matching owner and generation.
 - **Fence**: the turn's save (tx 2) reads the row ``FOR SHARE`` with this
   owner and generation in the same transaction (``fence_sql``); a turn whose
@@ -61,17 +69,63 @@ LEASE_MIGRATIONS: Final = {
         "CREATE INDEX IF NOT EXISTS chatflow_session_leases_owner "
         "ON chatflow_session_leases (owner_instance)",
     ),
+    2: (
+        """CREATE TABLE IF NOT EXISTS chatflow_session_waiters (
+            ticket BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            owner_instance TEXT NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+            expires_at TIMESTAMPTZ NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS chatflow_session_waiters_session "
+        "ON chatflow_session_waiters (session_id, ticket)",
+        "CREATE INDEX IF NOT EXISTS chatflow_session_waiters_owner "
+        "ON chatflow_session_waiters (owner_instance)",
+    ),
 }
-"""PostgreSQL DDL: the lease table (SQLite keeps its in-process locks)."""
+"""PostgreSQL DDL: the lease table and the waiters' tickets (SQLite keeps its
+in-process locks)."""
 
-_TAKE_SQL: Final = (
-    "INSERT INTO chatflow_session_leases AS l "
-    "(session_id, owner_instance, generation, expires_at) "
-    "VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 second') "
+_ON_CONFLICT: Final = (
     "ON CONFLICT (session_id) DO UPDATE SET owner_instance = excluded.owner_instance, "
     "generation = l.generation + 1, expires_at = excluded.expires_at "
     "WHERE l.owner_instance = '' OR l.expires_at < clock_timestamp() "
     "RETURNING generation"
+)
+_TAKE_SQL: Final = (
+    # The fast path: free (or expired) and nobody queued.
+    "INSERT INTO chatflow_session_leases AS l "
+    "(session_id, owner_instance, generation, expires_at) "
+    "SELECT $1, $2, 1, clock_timestamp() + $3 * interval '1 second' "
+    "WHERE NOT EXISTS (SELECT 1 FROM chatflow_session_waiters "
+    "WHERE session_id = $1 AND expires_at > clock_timestamp()) " + _ON_CONFLICT
+)
+_TICKET_SQL: Final = (
+    "INSERT INTO chatflow_session_waiters (session_id, owner_instance, expires_at) "
+    "VALUES ($1, $2, clock_timestamp() + $3 * interval '1 second') RETURNING ticket"
+)
+_TAKE_IN_TURN_SQL: Final = (
+    # Take only when no live ticket older than ticket $4 is queued for the session; the
+    # ticket goes with the take. A ticket swept meanwhile (its instance was taken over
+    # while still alive) keeps its place all the same: nothing waits on it.
+    "WITH taken AS (INSERT INTO chatflow_session_leases AS l "
+    "(session_id, owner_instance, generation, expires_at) "
+    "SELECT $1, $2, 1, clock_timestamp() + $3 * interval '1 second' "
+    "WHERE NOT EXISTS (SELECT 1 FROM chatflow_session_waiters WHERE session_id = $1 "
+    "AND ticket < $4 AND expires_at > clock_timestamp()) " + _ON_CONFLICT + "), "
+    "served AS (DELETE FROM chatflow_session_waiters "
+    "WHERE ticket = $4 AND EXISTS (SELECT 1 FROM taken)) "
+    "SELECT generation FROM taken"
+)
+_DROP_TICKET_SQL: Final = (
+    # One taker per session in a process (the in-process lock): (session, owner) is
+    # its ticket, even one whose number never came back.
+    "DELETE FROM chatflow_session_waiters WHERE session_id = $1 AND owner_instance = $2"
+)
+_RENEW_TICKETS_SQL: Final = (
+    "UPDATE chatflow_session_waiters "
+    "SET expires_at = clock_timestamp() + $2 * interval '1 second' "
+    "WHERE owner_instance = $1 AND ticket = ANY($3::bigint[])"
 )
 _FREE_SQL: Final = (
     "UPDATE chatflow_session_leases SET owner_instance = '', expires_at = '-infinity' "
@@ -115,6 +169,7 @@ class SessionLeases:
         self.lease_seconds = lease_seconds
         self._run = run
         self._held: dict[str, int] = {}
+        self._tickets: dict[str, int] = {}
         # The leases the current task holds (a turn and the tasks it starts): its saves
         # are fenced by them. One variable per store, so two stores never mix.
         self._mine: ContextVar[dict[str, int] | None] = ContextVar(
@@ -127,46 +182,77 @@ class SessionLeases:
     def __len__(self) -> int:
         return len(self._held)
 
+    @property
+    def queued(self) -> int:
+        """Sessions this process waits for with a ticket drawn."""
+        return len(self._tickets)
+
     async def take(self, session_id: str) -> int:
         """Wait until this process holds ``session_id``'s lease; its generation.
 
         The caller holds the in-process lock of the session: one taker per session here.
+        First come, first served across processes: a taker that finds the session held
+        (or others queued) draws a ticket and is served in ticket order.
         """
-        delay = FIRST_WAIT_SECONDS
-        counted = False
+        generation = await self._try(_TAKE_SQL, session_id, self.owner, self.lease_seconds)
+        if generation is not None:
+            return self._took(session_id, generation)
+        self.waiting += 1
         try:
+            ticket = await self._draw(session_id)
+            delay = FIRST_WAIT_SECONDS
             while True:
-                try:
-                    generation = await self._run(
-                        _TAKE_SQL, session_id, self.owner, self.lease_seconds
-                    )
-                except BaseException:
-                    # Cancelled or cut mid-statement: the row may be ours now. Free it
-                    # before the in-process lock goes (the next turn here would take it
-                    # again, and a late free of "any generation" would free that one).
-                    await self._free_any(session_id)
-                    raise
+                generation = await self._try(
+                    _TAKE_IN_TURN_SQL, session_id, self.owner, self.lease_seconds, ticket
+                )
                 if generation is not None:
-                    self._held[session_id] = int(generation)
-                    self._start_renewing()
-                    return int(generation)
-                if not counted:
-                    counted = True
-                    self.waiting += 1
+                    self._tickets.pop(session_id, None)  # deleted by the take
+                    return self._took(session_id, generation)
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, MAX_WAIT_SECONDS)
+        except BaseException:
+            if self._tickets.pop(session_id, None) is not None:
+                await self._cleanup(_DROP_TICKET_SQL, session_id)
+            raise
         finally:
-            if counted:
-                self.waiting -= 1
+            self.waiting -= 1
+
+    async def _try(self, sql: str, session_id: str, *args: Any) -> Any:
+        try:
+            return await self._run(sql, session_id, *args)
+        except BaseException:
+            # Cancelled or cut mid-statement: the row may be ours now. Free it before
+            # the in-process lock goes (the next turn here would take it again, and a
+            # late free of "any generation" would free that one).
+            await self._free_any(session_id)
+            raise
+
+    async def _draw(self, session_id: str) -> int:
+        # Marked before the statement: cut mid-way, the ticket may exist all the same.
+        self._tickets[session_id] = 0
+        ticket = int(await self._run(_TICKET_SQL, session_id, self.owner, self.lease_seconds))
+        self._tickets[session_id] = ticket
+        self._start_renewing()
+        return ticket
+
+    def _took(self, session_id: str, generation: Any) -> int:
+        self._held[session_id] = int(generation)
+        self._start_renewing()
+        return int(generation)
 
     async def _free_any(self, session_id: str) -> None:
-        freeing = asyncio.ensure_future(self._run(_FREE_ANY_SQL, session_id, self.owner))
+        await self._cleanup(_FREE_ANY_SQL, session_id)
+
+    async def _cleanup(self, sql: str, session_id: str) -> None:
+        """Run ``sql`` for this owner and session to its end, even when cancelled."""
+        freeing = asyncio.ensure_future(self._run(sql, session_id, self.owner))
         while not freeing.done():  # bounded by the statement timeout
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait({freeing})
         if not freeing.cancelled() and freeing.exception() is not None:
             logger.info(
-                "a session lease was left to expire (%s)", type(freeing.exception()).__name__
+                "a session lease or ticket was left to expire (%s)",
+                type(freeing.exception()).__name__,
             )
 
     def enter(self, session_id: str, generation: int) -> object:
@@ -208,15 +294,24 @@ class SessionLeases:
             self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
 
     async def _renew_forever(self) -> None:
-        while self._held:
+        while self._held or self._tickets:
             await asyncio.sleep(self.lease_seconds / 3)
             held = list(self._held)
-            if not held:
+            tickets = [t for t in self._tickets.values() if t]
+            if not held and not tickets:
                 break
             try:
-                await self._run(_RENEW_SQL, self.owner, self.lease_seconds, held)
+                if held:
+                    await self._run(_RENEW_SQL, self.owner, self.lease_seconds, held)
+                if tickets:
+                    await self._run(_RENEW_TICKETS_SQL, self.owner, self.lease_seconds, tickets)
             except Exception as exc:  # the saves are fenced; the next tick tries again
-                logger.warning("could not renew %d session leases (%s)", len(held), exc)
+                logger.warning(
+                    "could not renew %d session leases and %d tickets (%s)",
+                    len(held),
+                    len(tickets),
+                    exc,
+                )
 
     async def close(self) -> None:
         """Stop renewing and free the leases still held (a clean stop); a failure

@@ -540,7 +540,7 @@ class PostgresSessionStore(SQLSessionStore):
         its instance lease) with leases of ``lease_seconds``: ``InstanceRegistry`` calls
         it, so a takeover of the instance frees its sessions too. Refused while leases
         are held."""
-        if len(self._leases) and owner != self._leases.owner:
+        if (len(self._leases) or self._leases.queued) and owner != self._leases.owner:
             raise StorageError("cannot rename the lease owner while sessions are held")
         self._leases.owner = owner
         self._leases.lease_seconds = lease_seconds

@@ -124,6 +124,94 @@ async def test_two_processes_racing_one_session_run_its_turns_one_at_a_time(
         assert [m.content for m in session.history] == order
 
 
+async def tickets(dsn: str, session_id: str) -> int:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM chatflow_session_waiters WHERE session_id = $1",
+                session_id,
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def test_waiters_of_two_processes_are_served_in_arrival_order(pg_dsn: str) -> None:
+    """A holds the session; W1 (process B), W2 (A), W3 (B) ask in that order: they run
+    one at a time, strictly in that order (first come, first served across processes;
+    polling alone served whoever asked next, W2 first on A's hand-over)."""
+    async with (
+        PostgresSessionStore(pg_dsn, lease_owner="process-a") as a,
+        PostgresSessionStore(pg_dsn, lease_owner="process-b") as b,
+    ):
+        order: list[str] = []
+        running = 0
+        overlaps = 0
+
+        async def turn(store: PostgresSessionStore, label: str, asked: asyncio.Event) -> None:
+            nonlocal running, overlaps
+            asked.set()
+            async with store.session_lock("s"):
+                running += 1
+                overlaps += running > 1
+                order.append(label)
+                await asyncio.sleep(0)  # the model
+                running -= 1
+
+        release = asyncio.Event()
+        holding = asyncio.Event()
+
+        async def hold() -> None:
+            async with a.session_lock("s"):
+                holding.set()
+                await release.wait()
+                order.append("a")
+
+        holder = asyncio.create_task(hold())
+        await holding.wait()
+        asked = [asyncio.Event() for _ in range(3)]
+        w1 = asyncio.create_task(turn(b, "w1", asked[0]))
+
+        async def w1_queued() -> bool:
+            return await tickets(pg_dsn, "s") == 1
+
+        await wait_until(w1_queued)  # W1 found the session held and drew a ticket
+        w2 = asyncio.create_task(turn(a, "w2", asked[1]))
+        await asked[1].wait()  # queued behind A's holder in A
+        w3 = asyncio.create_task(turn(b, "w3", asked[2]))
+        await asked[2].wait()  # queued behind W1 in B
+        release.set()
+        await asyncio.wait_for(asyncio.gather(holder, w1, w2, w3), 30)
+        assert order == ["a", "w1", "w2", "w3"]
+        assert overlaps == 0
+        assert await tickets(pg_dsn, "s") == 0
+
+
+async def test_a_waiter_that_gives_up_leaves_the_queue(pg_dsn: str) -> None:
+    """A cancelled waiter deletes its ticket: the session is not held up for the ticket's
+    lease (30 s here) behind a turn that no longer waits."""
+    async with (
+        PostgresSessionStore(pg_dsn, lease_owner="a", session_lease_seconds=30) as a,
+        PostgresSessionStore(pg_dsn, lease_owner="b", session_lease_seconds=30) as b,
+    ):
+        async with a.session_lock("s"):
+            waiter = asyncio.create_task(b.session_lock("s").__aenter__())
+
+            async def queued() -> bool:
+                return await tickets(pg_dsn, "s") == 1
+
+            await wait_until(queued)
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            assert await tickets(pg_dsn, "s") == 0 and b.leases.queued == 0
+        async with asyncio.timeout(5), b.session_lock("s"):
+            pass
+
+
 def test_a_transaction_pooler_gets_no_startup_settings_but_the_name() -> None:
     options = ConnectionOptions(application_name="chatflow/x", pooler="transaction")
     assert options.server_settings() == {"application_name": "chatflow/x"}
@@ -214,6 +302,36 @@ async def test_a_takeover_frees_the_sessions_of_an_expired_instance(
                 pass
             with pytest.raises(SessionLeaseLostError):
                 await one.save(stale)
+
+
+async def test_a_takeover_sweeps_the_tickets_of_an_expired_instance(
+    pg_dsn: str, agent: Agent
+) -> None:
+    """A dead instance's place in a session's queue goes at the takeover, not a lease
+    later; a half-frozen one whose ticket was swept still gets the session in turn."""
+    from bot.gateway.instances import InstanceRegistry, Owner
+
+    async with PostgresSessionStore(pg_dsn) as one, PostgresSessionStore(pg_dsn) as two:
+        frozen = InstanceRegistry(one, owner=Owner(1, "frozen-w"), lease_seconds=1)
+        taker = InstanceRegistry(two, owner=Owner(2, "taker-w"), lease_seconds=30)
+        await frozen.register()
+        await taker.register()
+        owner_inside: list[str] = []
+
+        async def wait_in_one() -> None:
+            async with one.session_lock("s"):
+                owner_inside.append(await lease_owner(pg_dsn, "s"))
+
+        async with two.session_lock("s"):
+            waiter = asyncio.create_task(wait_in_one())
+
+            async def swept() -> bool:
+                await taker.end_backends_of_expired()
+                return await tickets(pg_dsn, "s") == 0 and one.leases.queued == 1
+
+            await wait_until(swept, within=10)
+        await asyncio.wait_for(waiter, 5)
+        assert owner_inside == ["frozen-w"]
 
 
 async def lease_owner(dsn: str, session_id: str) -> str:

@@ -30,7 +30,7 @@ class FakeServer:
 
 
 async def test_a_held_session_is_polled_until_free_and_counted_as_waiting() -> None:
-    server = FakeServer([None, None, 7])
+    server = FakeServer([None, 41, None, 7])
     leases = SessionLeases("me", 15.0, server.run)
     seen: list[int] = []
     original = server.run
@@ -41,9 +41,10 @@ async def test_a_held_session_is_polled_until_free_and_counted_as_waiting() -> N
 
     leases._run = run
     assert await leases.take("s") == 7
-    assert server.sent == ["INSERT", "INSERT", "INSERT"]
-    assert seen == [0, 1, 1] and leases.waiting == 0
-    assert len(leases) == 1
+    # The take, the ticket, then takes in turn until the ticket is served.
+    assert server.sent == ["INSERT", "INSERT", "WITH", "WITH"]
+    assert seen == [0, 1, 1, 1] and leases.waiting == 0
+    assert len(leases) == 1 and leases.queued == 0
     await leases.give_back("s", 7)
     assert server.sent[-1] == "UPDATE" and len(leases) == 0
     await leases.close()
@@ -70,3 +71,17 @@ def test_the_fence_needs_a_lease_of_the_current_task() -> None:
     assert fence is not None and fence[1] == ("s", "me", 3) and "FOR SHARE" in fence[0]
     leases.leave(token)
     assert leases.fence("s") is None
+
+
+async def test_a_waiter_cancelled_while_queued_deletes_its_ticket() -> None:
+    server = FakeServer([None, 41, "block"])
+    leases = SessionLeases("me", 15.0, server.run)
+    task = asyncio.create_task(leases.take("s"))
+    await server.blocked.wait()
+    assert leases.queued == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The take in turn may have won: freed; the ticket: deleted; both before returning.
+    assert server.sent == ["INSERT", "INSERT", "WITH", "UPDATE", "DELETE"]
+    assert leases.queued == 0 and leases.waiting == 0
