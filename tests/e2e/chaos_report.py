@@ -12,20 +12,31 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-__all__ = ["BEGIN", "END", "chaos_block", "write_figures"]
+__all__ = [
+    "BEGIN",
+    "END",
+    "POOLER_BEGIN",
+    "POOLER_END",
+    "chaos_block",
+    "write_figures",
+    "write_pooler_figures",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "docs" / "RELIABILITY.md"
 BEGIN = "<!-- chaos:begin (written by make chaos) -->"
 END = "<!-- chaos:end -->"
+POOLER_BEGIN = "<!-- chaos:pgbouncer:begin -->"
+POOLER_END = "<!-- chaos:pgbouncer:end -->"
 
 
-def chaos_block(text: str) -> str | None:
-    """The chaos block of a report (markers included), if it has one."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
+def chaos_block(text: str, begin: str = BEGIN, end: str = END) -> str | None:
+    """The chaos block of a report (markers included), if it has one; ``begin`` and
+    ``end`` name another block (the PgBouncer figures inside it)."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
         return None
-    return text[start : end + len(END)]
+    return text[start : stop + len(end)]
 
 
 def _commit() -> str:
@@ -97,5 +108,31 @@ def write_figures(table: str, *, seed: int, lease: float, path: Path = REPORT) -
     )
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     old = chaos_block(text)
+    pooled = chaos_block(old, POOLER_BEGIN, POOLER_END) if old else None
+    if pooled is not None:  # the PgBouncer figures of the same run stay
+        block = block.replace(END, pooled + "\n\n" + END)
     text = text.replace(old, block) if old else text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text, encoding="utf-8")
+
+
+def write_pooler_figures(table: str, *, path: Path = REPORT) -> None:
+    """Put ``table`` (the short outages through PgBouncer) inside the chaos block."""
+    block = "\n".join(
+        [
+            POOLER_BEGIN,
+            "### The short outages through PgBouncer (transaction mode)",
+            "",
+            "Two bots with `DATABASE_POOLER=transaction` reach one server through PgBouncer in",
+            "transaction mode (`tests/pgbouncer.py`), the fault proxies in front of it; commit "
+            f"`{_commit()}`, {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}.",
+            "",
+            table,
+            POOLER_END,
+        ]
+    )
+    text = path.read_text(encoding="utf-8")
+    whole = chaos_block(text)
+    assert whole is not None, "the chaos block is written first"
+    old = chaos_block(whole, POOLER_BEGIN, POOLER_END)
+    new = whole.replace(old, block) if old else whole.replace(END, block + "\n\n" + END)
+    path.write_text(text.replace(whole, new), encoding="utf-8")

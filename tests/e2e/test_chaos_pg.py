@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.chaos_report import write_figures
+from tests.e2e.chaos_report import write_figures, write_pooler_figures
 from tests.e2e.chaos_world import HEADER, LEASE_SECONDS, ChaosWorld, Figures, Phase
 from tests.e2e.pgcluster import PgCluster
 from tests.pgbouncer import bouncer
@@ -175,6 +175,8 @@ async def _play(made: ChaosWorld, cluster: PgCluster | None) -> None:
     print("\n" + table)
     if FULL and cluster is not None:
         write_figures(table, seed=SEED, lease=LEASE_SECONDS)
+    elif FULL:
+        write_pooler_figures(table)
     failed = [f.fault for f in results if not f.holds(LEASE_SECONDS)]
     logs = "\n".join(f"--- bot{i}\n" + "\n".join(b.log[-60:]) for i, b in enumerate(made.bots))
     assert not failed, f"{failed}\n{table}\n{logs}"
