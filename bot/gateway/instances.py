@@ -286,10 +286,10 @@ class InstanceRegistry:
         self._healthy_since: float | None = None
         self._renewed = asyncio.Event()
         self.grace_seconds = self._lease
+        """Renewals must have worked this long before this process takes others' work."""
         self._last_renewed_at: float | None = None  # the database's stamp of our last renewal
         self.lost_commits = 0
         """Times the database was found to have lost an acknowledged renewal."""
-        """Renewals must have worked this long before this process takes others' work."""
 
     @property
     def owner(self) -> Owner:
