@@ -238,7 +238,8 @@ class _PgTransaction(DriverTransaction):
 
     async def _rollback(self) -> None:
         try:
-            await asyncio.shield(self._conn.execute("ROLLBACK"))
+            # Bounded: a server that froze (its host still acknowledging) never answers.
+            await asyncio.shield(self._conn.execute("ROLLBACK", timeout=self._timeout))
         except (asyncio.CancelledError, *_DB_ERRORS):
             # The connection's state is unknown: drop it rather than hand it back.
             logger.warning("rolling back a session-store transaction failed; dropping it")

@@ -169,3 +169,21 @@ async def test_the_session_cache_is_forgotten_when_the_database_goes_away(
         # The server that answers next may be a promoted standby without the last commits.
         assert "s" not in store._cache
         await proxy.heal()
+
+
+async def test_a_rollback_to_a_silent_server_ends_in_time(pg_dsn: str, proxy: FaultProxy) -> None:
+    # The body fails on its own (not the database) after the network went silent: the
+    # ROLLBACK that follows must not wait for an answer forever.
+    async with PostgresSessionStore(through(pg_dsn, proxy.port), options=FAST) as store:
+        await store.ping()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(LookupError):
+            async with asyncio.timeout(10):
+                async with store.transaction() as tx:
+                    await tx.fetchall("SELECT 1")
+                    proxy.silence()
+                    raise LookupError("the caller's own failure")
+        assert loop.time() - started < 6
+        await proxy.heal()
+        await store.ping()
