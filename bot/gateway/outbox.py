@@ -125,7 +125,7 @@ class Outbox:
             obligation.needs_marker or obligation.attempts > 1 or obligation.last_error is not None
         )
         name = names.RESEND if again else names.SEND  # SEND: e.g. an operator's message
-        if not again and obligation.message_ref.startswith("schedule:"):
+        if not again and obligation.message_ref.startswith(SCHEDULED_REF):
             name = names.SCHEDULED
         attributes["chatflow.send.marker"] = obligation.needs_marker
         with spans.span(
