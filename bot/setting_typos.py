@@ -121,8 +121,14 @@ def _nearest(name: str, known_upper: list[str]) -> str | None:
     """The setting ``name`` is a near miss of by edit distance, if any (the closest)."""
     if len(name) < 6:
         return None
-    best = min(known_upper, key=lambda k: (edit_distance(name, k), k))
-    return best if edit_distance(name, best) <= _EDITS else None
+    best, best_distance = None, _EDITS + 1
+    for candidate in known_upper:  # sorted: of equally near names, the first
+        if abs(len(candidate) - len(name)) > _EDITS:
+            continue  # more letters apart than edits allowed: no need to count them
+        distance = edit_distance(name, candidate)
+        if distance < best_distance:
+            best, best_distance = candidate, distance
+    return best
 
 
 def find_typos(names: Iterable[str], known: Collection[str]) -> list[SettingTypo]:

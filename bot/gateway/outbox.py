@@ -125,7 +125,7 @@ class Outbox:
             obligation.needs_marker or obligation.attempts > 1 or obligation.last_error is not None
         )
         name = names.RESEND if again else names.SEND  # SEND: e.g. an operator's message
-        if not again and obligation.message_ref.startswith("schedule:"):
+        if not again and obligation.message_ref.startswith(SCHEDULED_REF):
             name = names.SCHEDULED
         attributes["chatflow.send.marker"] = obligation.needs_marker
         with spans.span(
@@ -160,6 +160,12 @@ class Outbox:
     async def _send_owned(
         self, adapter: PlatformAdapter, obligation: Obligation, traced: spans.SpanHandle
     ) -> None:
+        pacer = self.pacers.get(obligation.platform)
+        if pacer is not None and obligation.message_ref.startswith(SCHEDULED_REF):
+            # A scheduled post waits for the chat's replies (and leaves a group's window room).
+            group = chat_type_of(obligation.session_key) != "dm"
+            await pacer.make_way(obligation.chat_id, group=group)
+        # Fenced after that wait (up to a group's minute), right before the send.
         if self.fence is not None and not await self.fence(obligation):
             traced.set(names.OUTCOME, "fenced")
             logger.warning(
@@ -170,11 +176,6 @@ class Outbox:
             return
         if obligation.needs_marker:
             self.metrics.resends.labels(obligation.platform).inc()
-        pacer = self.pacers.get(obligation.platform)
-        if pacer is not None and obligation.message_ref.startswith(SCHEDULED_REF):
-            # A scheduled post waits for the chat's replies (and leaves a group's window room).
-            group = chat_type_of(obligation.session_key) != "dm"
-            await pacer.make_way(obligation.chat_id, group=group)
         try:
             # Text, then the files the reply carries (bot.gateway.attachments).
             result = await self._send_reply(adapter, obligation, traced)

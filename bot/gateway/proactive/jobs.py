@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from bot.core.ids import log_session_id
 from bot.core.scheduling import TABLE, ensure_jobs_schema_in
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
@@ -182,6 +183,11 @@ async def cancel_jobs(
 
     count = await store.run(body)
     if count:
-        whose = f"session {session_id}" if session_id is not None else f"a {platform} sender"
+        # The session id carries the chat's raw id: hashed for the log, as everywhere.
+        whose = (
+            f"session {log_session_id(session_id)}"
+            if session_id is not None
+            else f"a {platform} sender"
+        )
         logger.info("%d scheduled job(s) of %s cancelled: %s", count, whose, why)
     return count

@@ -19,6 +19,7 @@ import pytest
 from bot import scheduling_tools
 from bot.config import Settings
 from bot.core.agent import Agent
+from bot.core.ids import log_session_id
 from bot.core.models.base import Usage
 from bot.core.models.scripted import ScriptedModel
 from bot.core.runner import Runner
@@ -414,6 +415,17 @@ async def test_cancel_jobs_takes_a_conversation_or_a_sender_and_can_erase(
     assert set(await states(store)) == {"job_3"}
     with pytest.raises(ValueError, match="give session_id"):
         await cancel_jobs(store, sender="ana")
+
+
+async def test_cancel_jobs_logs_the_conversation_hashed_never_its_raw_id(
+    clocked: tuple[SQLiteSessionStore, FakeClock], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, _ = clocked
+    await add(store, 1, ScheduleRequest("job_1", "a", T0 + 60))
+    with caplog.at_level(logging.INFO, logger="bot.gateway.proactive.jobs"):
+        assert await cancel_jobs(store, session_id="s-1", why="reset") == 1
+    (line,) = [r.getMessage() for r in caplog.records if "cancelled" in r.getMessage()]
+    assert f"of session {log_session_id('s-1')} cancelled" in line  # hashed unless marked safe
 
 
 async def test_the_owner_of_a_job_is_judged_as_their_own_message_would_be_now(
