@@ -132,6 +132,8 @@ def _shown(endpoint: str) -> str:
         port = parts.port
     except ValueError:
         return "(an unparsable URL)"
+    if parts.password is None and not parts.query:
+        return endpoint  # nothing to hide: shown as written
     if ":" in host:
         host = f"[{host}]"
     user = f"{parts.username}:***@" if parts.password is not None else ""
