@@ -67,6 +67,14 @@ def test_the_otel_environment_decides_where_traces_go(
     assert says in chosen.reason
 
 
+def test_the_endpoint_is_shown_without_its_password_or_query() -> None:
+    endpoint = "https://me:s3cret@otlp.example:4318/v1/traces?key=k3y"
+    chosen = plan({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint})
+    assert chosen.endpoint == endpoint  # the exporter gets it whole
+    assert "s3cret" not in chosen.reason and "k3y" not in chosen.reason
+    assert "to https://me:***@otlp.example:4318/v1/traces?*** " in chosen.reason
+
+
 def test_the_plan_names_service_sampler_and_content_capture() -> None:
     chosen = plan(
         {

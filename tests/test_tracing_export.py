@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 import select
 import signal
@@ -170,3 +171,18 @@ def test_an_exporter_that_cannot_start_leaves_tracing_off(monkeypatch: pytest.Mo
     monkeypatch.setattr(subprocess, "Popen", cannot_start)
     assert configure({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}) is None
     assert not spans.enabled()
+
+
+async def test_an_attribute_marshal_cannot_carry_drops_its_span_only() -> None:
+    class Outcome(enum.StrEnum):
+        OK = "ok"
+
+    bad = _record("bad", span_id=1)
+    bad[8]["chatflow.outcome"] = Outcome.OK  # a str subclass: marshal refuses it
+    async with FakeOtlpServer() as otlp:
+        exporter = ChildExporter("otlp", f"{otlp.endpoint}/v1/traces", "unit", ENV)
+        exporter.submit(bad)
+        exporter.submit(_record("good", span_id=2))
+        assert await asyncio.to_thread(exporter.shutdown, 30)
+        assert [s.name for s in otlp.spans] == ["good"]  # its batch-mate still exported
+    assert exporter.dropped == 1

@@ -57,6 +57,14 @@ def _setting(env: Mapping[str, str], name: str, default: int) -> int:
     return value if value > 0 else default
 
 
+def _marshallable(record: Record) -> bool:
+    try:
+        marshal.dumps(record)
+    except ValueError:
+        return False
+    return True
+
+
 class ChildExporter:
     """The exporter process, and the queue and thread that feed it."""
 
@@ -131,7 +139,9 @@ class ChildExporter:
                 if self._dead:
                     self.dropped += len(batch)
                     continue
-                payload = marshal.dumps(batch)
+                payload = self._encode(batch)
+                if payload is None:
+                    continue
                 try:
                     pipe.write(len(payload).to_bytes(4, "little") + payload)
                     pipe.flush()
@@ -146,6 +156,22 @@ class ChildExporter:
                     )
             if closing:
                 return
+
+    def _encode(self, batch: list[Record]) -> bytes | None:
+        """``batch`` as one frame; a record ``marshal`` cannot carry (an attribute that is
+        an enum or another subclass of ``str``/``int``) is dropped and counted, never
+        left to end this thread and, with it, every later export."""
+        try:
+            return marshal.dumps(batch)
+        except ValueError:
+            kept = [record for record in batch if _marshallable(record)]
+        self.dropped += len(batch) - len(kept)
+        logger.warning(
+            "tracing: %d spans dropped: an attribute is not a plain str, int, float, bool "
+            "or tuple of str",
+            len(batch) - len(kept),
+        )
+        return marshal.dumps(kept) if kept else None
 
     def shutdown(self, timeout: float) -> bool:
         """Send what is queued, let the child flush and exit; True if it did in time.

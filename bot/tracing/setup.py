@@ -23,6 +23,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from dotenv import dotenv_values
 
@@ -116,10 +117,28 @@ def plan(env: Mapping[str, str] | None = None) -> TracingPlan:
     headers = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS")
     auth = ", with headers" if headers else ""
     where = (
-        f"OTLP/HTTP to {endpoint}{auth} (service {service}, sampler {sampler}"
+        f"OTLP/HTTP to {_shown(endpoint)}{auth} (service {service}, sampler {sampler}"
         f"{', message content captured' if content else ''}){note}"
     )
     return TracingPlan("otlp", endpoint, where, service, sampler, content)
+
+
+def _shown(endpoint: str) -> str:
+    """``endpoint`` fit for the INFO log and doctor: without a password or a query (a
+    collector's key may ride in either)."""
+    try:
+        parts = urlsplit(endpoint)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "(an unparsable URL)"
+    if parts.password is None and not parts.query:
+        return endpoint  # nothing to hide: shown as written
+    if ":" in host:
+        host = f"[{host}]"
+    user = f"{parts.username}:***@" if parts.password is not None else ""
+    query = "?***" if parts.query else ""
+    return f"{parts.scheme}://{user}{host}{'' if port is None else f':{port}'}{parts.path}{query}"
 
 
 SHUTDOWN_SECONDS = 10.0
