@@ -6,11 +6,14 @@ Runs on SQLite and on PostgreSQL (``scripts/with-postgres.sh``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
 import sqlite3
 import tempfile
+import threading
+import types
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -23,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.core.documents import DocumentReader
+from bot.core.knowledge import ingest as ingest_module
 from bot.core.knowledge.index import fulltext_search, list_sources, query_terms, remove_source
 from bot.core.knowledge.ingest import FileOutcome, Ingestion
 from bot.core.knowledge.service import KNOWLEDGE, KnowledgeBase, KnowledgeSettings
@@ -177,6 +181,24 @@ async def test_unchanged_files_are_skipped_and_a_changed_one_replaced(
     assert await remove_source(store, "hours.txt") == 1
     assert await remove_source(store, "hours.txt") is None
     assert await base.search("sundays", 5) == []
+
+
+async def test_files_are_read_and_hashed_off_the_event_loop(
+    store: TransactionalStore, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop_thread = threading.get_ident()
+    hashed_on: list[int] = []
+    real_sha256 = hashlib.sha256
+
+    def sha256(data: bytes = b"") -> Any:
+        hashed_on.append(threading.get_ident())
+        return real_sha256(data)
+
+    monkeypatch.setattr(ingest_module, "hashlib", types.SimpleNamespace(sha256=sha256))
+    outcomes = await _add(KnowledgeBase(store), folder)
+
+    assert [o.status for o in outcomes] == ["added"] * 3
+    assert len(hashed_on) == 3 and loop_thread not in hashed_on
 
 
 async def test_a_file_given_by_itself_goes_under_its_name(
