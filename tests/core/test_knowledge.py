@@ -339,6 +339,23 @@ async def test_the_embedder_batches_orders_and_checks_what_it_is_answered() -> N
             await Embedder("m", "http://embed.test/v1").embed(["a"])
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(200, text="<html>a proxy's page</html>"),
+        httpx.Response(200, json={"data": ["not an object"]}),
+        httpx.Response(200, json={"data": [{"index": 0, "embedding": ["x"]}]}),
+    ],
+)
+async def test_an_embeddings_answer_that_is_not_json_vectors_is_a_model_error(
+    answer: httpx.Response,
+) -> None:
+    with respx.mock() as router:
+        router.post("http://embed.test/v1/embeddings").mock(return_value=answer)
+        with pytest.raises(ModelError, match="unexpected shape"):
+            await Embedder("m", "http://embed.test/v1").embed(["a"])
+
+
 async def test_with_an_embedding_model_the_search_is_hybrid_or_says_why_not(
     store: TransactionalStore, folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
