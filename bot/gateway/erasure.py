@@ -43,6 +43,7 @@ from bot.core.stores.base import TransactionalStore
 from bot.gateway.access.rate_limits import sender_digest
 from bot.gateway.events import SessionSource
 from bot.gateway.keys import build_session_key, hash_chat_id, hash_sender_id, session_id_for
+from bot.gateway.voice_replies import refusal_chat_hash
 
 __all__ = ["KINDS", "REDACTED", "Erasure", "PersonRef", "erase_person", "parse_person"]
 
@@ -367,7 +368,7 @@ class _Eraser:
                 ),
             )
         if await self.has("chatflow_voice_refusals"):
-            chat_hash = hashlib.sha256(self.person.user_id.encode()).hexdigest()
+            chat_hash = refusal_chat_hash(self.person.user_id)
             self.count(
                 "window records",
                 await tx.execute(
