@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import re
 import sqlite3
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bot.core.long_memory.schema import TABLE as MEMORIES
+from bot.core.media_store import MediaStore
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.gateway.access.rate_limits import sender_digest
@@ -382,10 +382,11 @@ class _Eraser:
 
 def _remove_media(media_dir: Path, erasure: Erasure) -> int:
     removed = 0
-    paths = [media_dir / sha[:2] / sha for sha in erasure.media]
-    for key in erasure.notes:
-        digest = hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).hexdigest()
-        paths.append(media_dir / "notes" / digest[:2] / digest)
+    media = MediaStore(media_dir)  # its own naming of files, so the two cannot drift
+    paths = [media.note_path(key) for key in erasure.notes]
+    for sha in erasure.media:
+        with contextlib.suppress(ValueError):  # not a SHA-256: no file is named by it
+            paths.append(media.path_of(sha))
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
