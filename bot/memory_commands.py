@@ -15,13 +15,26 @@ from bot.config import Settings
 from bot.core.long_memory.records import delete_memory, list_memories
 from bot.core.stores.base import TransactionalStore
 from bot.database import open_store
-from bot.gateway.erasure import erase_person, parse_person
+from bot.gateway.erasure import PersonRef, erase_person, parse_person
 from bot.gateway.memory_scope import person_ref
+from bot.gateway.proactive.operator_send import PLATFORMS
 
 __all__ = ["SecretOf", "forget_user", "memory"]
 
 SecretOf = Callable[[TransactionalStore, Settings], Awaitable[bytes]]
 """Reads the installation secret for a store (``bot.cli``'s, shared by every command)."""
+
+
+def _person(text: str) -> PersonRef:
+    """``parse_person`` for the operator's commands, which also refuse a platform the bot
+    does not have: a typo (``telegarm:123``) would match nothing and report success."""
+    person = parse_person(text)
+    if person.platform not in PLATFORMS:
+        raise ValueError(
+            f"{text!r}: unknown platform {person.platform!r} (PLATFORM:USER_ID, PLATFORM one "
+            f"of: {', '.join(PLATFORMS)})"
+        )
+    return person
 
 
 async def memory(settings: Settings, args: argparse.Namespace, secret_of: SecretOf) -> int:
@@ -37,7 +50,7 @@ async def memory(settings: Settings, args: argparse.Namespace, secret_of: Secret
         platform = person = None
         if args.user is not None:
             try:
-                who = parse_person(args.user)
+                who = _person(args.user)
             except ValueError as exc:
                 print(f"chatflow: memory: {exc}", file=sys.stderr)
                 return 2
@@ -58,7 +71,7 @@ async def memory(settings: Settings, args: argparse.Namespace, secret_of: Secret
 async def forget_user(settings: Settings, args: argparse.Namespace, secret_of: SecretOf) -> int:
     """``forget-user PLATFORM:ID [--yes]``: asks first on a terminal, prints the counts."""
     try:
-        person = parse_person(args.person)
+        person = _person(args.person)
     except ValueError as exc:
         print(f"chatflow: forget-user: {exc}", file=sys.stderr)
         return 2

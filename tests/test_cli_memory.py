@@ -23,6 +23,11 @@ def test_bad_person_and_unknown_ids_are_refused(tmp_path: Path) -> None:
     assert result.returncode == 2 and "PLATFORM:USER_ID" in result.stderr
     result = _bot(tmp_path, "memory", "list", "--user", "nobody")
     assert result.returncode == 2 and "PLATFORM:USER_ID" in result.stderr
+    result = _bot(tmp_path, "forget-user", "telegarm:123", "--yes")
+    assert result.returncode == 2 and "unknown platform 'telegarm'" in result.stderr
+    assert "removed" not in result.stdout
+    result = _bot(tmp_path, "memory", "list", "--user", "telegarm:123")
+    assert result.returncode == 2 and "unknown platform 'telegarm'" in result.stderr
     result = _bot(tmp_path, "memory", "forget", "mem_000000000000")
     assert result.returncode == 2 and "no memory mem_000000000000" in result.stderr
     result = _bot(tmp_path, "memory", "list")

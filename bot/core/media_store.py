@@ -82,15 +82,16 @@ class MediaStore:
     async def remember(self, key: str, value: str) -> None:
         """Keep a small text ``value`` under ``key`` (what a platform file id fetched,
         a transcript), so a re-run after a crash does not download or transcribe again."""
-        await asyncio.to_thread(self._remember, self._note_path(key), value)
+        await asyncio.to_thread(self._remember, self.note_path(key), value)
 
     async def recall(self, key: str) -> str | None:
         """The value ``remember`` kept under ``key``, or ``None``."""
-        data = await asyncio.to_thread(_read_or_none, self._note_path(key))
+        data = await asyncio.to_thread(_read_or_none, self.note_path(key))
         return None if data is None else data.decode("utf-8", errors="replace")
 
-    def _note_path(self, key: str) -> Path:
-        # Hashed: keys hold platform ids, which must not become file names.
+    def note_path(self, key: str) -> Path:
+        """Where the note for ``key`` is (or would be); hashed: keys hold platform ids,
+        which must not become file names."""
         digest = hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).hexdigest()
         return self.root / "notes" / digest[:2] / digest
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import re
 import sqlite3
@@ -38,11 +37,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from bot.core.long_memory.schema import TABLE as MEMORIES
+from bot.core.media_store import MediaStore
 from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.gateway.access.rate_limits import sender_digest
 from bot.gateway.events import SessionSource
 from bot.gateway.keys import build_session_key, hash_chat_id, hash_sender_id, session_id_for
+from bot.gateway.voice_replies import refusal_chat_hash
 
 __all__ = ["KINDS", "REDACTED", "Erasure", "PersonRef", "erase_person", "parse_person"]
 
@@ -367,7 +368,7 @@ class _Eraser:
                 ),
             )
         if await self.has("chatflow_voice_refusals"):
-            chat_hash = hashlib.sha256(self.person.user_id.encode()).hexdigest()
+            chat_hash = refusal_chat_hash(self.person.user_id)
             self.count(
                 "window records",
                 await tx.execute(
@@ -381,10 +382,11 @@ class _Eraser:
 
 def _remove_media(media_dir: Path, erasure: Erasure) -> int:
     removed = 0
-    paths = [media_dir / sha[:2] / sha for sha in erasure.media]
-    for key in erasure.notes:
-        digest = hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).hexdigest()
-        paths.append(media_dir / "notes" / digest[:2] / digest)
+    media = MediaStore(media_dir)  # its own naming of files, so the two cannot drift
+    paths = [media.note_path(key) for key in erasure.notes]
+    for sha in erasure.media:
+        with contextlib.suppress(ValueError):  # not a SHA-256: no file is named by it
+            paths.append(media.path_of(sha))
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

@@ -87,8 +87,9 @@ def plays_voice(adapter: PlatformAdapter | None) -> bool:
     return hook is not None and hook is not PlatformAdapter.send_voice
 
 
-def _chat_hash(chat_id: str) -> str:
-    # The refusal is kept, the raw chat id is not.
+def refusal_chat_hash(chat_id: str) -> str:
+    """The key a voice refusal is kept under (``forget-user`` deletes by it): the refusal is
+    kept, the raw chat id is not."""
     return hashlib.sha256(chat_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -127,7 +128,7 @@ class VoiceReplies:
 
     async def is_refused(self, platform: str, chat_id: str) -> bool:
         """Whether ``chat_id`` refused a voice note before (this process or any other)."""
-        key = (platform, _chat_hash(chat_id))
+        key = (platform, refusal_chat_hash(chat_id))
         if key in self._refused:
             return True
 
@@ -143,7 +144,7 @@ class VoiceReplies:
 
     async def refuse(self, platform: str, chat_id: str) -> None:
         """Remember that ``chat_id`` accepts no voice notes."""
-        key = (platform, _chat_hash(chat_id))
+        key = (platform, refusal_chat_hash(chat_id))
         self._refused.add(key)
         async with self._store.transaction() as tx:
             await tx.execute(

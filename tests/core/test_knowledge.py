@@ -6,11 +6,14 @@ Runs on SQLite and on PostgreSQL (``scripts/with-postgres.sh``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
 import sqlite3
 import tempfile
+import threading
+import types
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -23,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.core.documents import DocumentReader
+from bot.core.knowledge import ingest as ingest_module
 from bot.core.knowledge.index import fulltext_search, list_sources, query_terms, remove_source
 from bot.core.knowledge.ingest import FileOutcome, Ingestion
 from bot.core.knowledge.service import KNOWLEDGE, KnowledgeBase, KnowledgeSettings
@@ -179,6 +183,24 @@ async def test_unchanged_files_are_skipped_and_a_changed_one_replaced(
     assert await base.search("sundays", 5) == []
 
 
+async def test_files_are_read_and_hashed_off_the_event_loop(
+    store: TransactionalStore, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop_thread = threading.get_ident()
+    hashed_on: list[int] = []
+    real_sha256 = hashlib.sha256
+
+    def sha256(data: bytes = b"") -> Any:
+        hashed_on.append(threading.get_ident())
+        return real_sha256(data)
+
+    monkeypatch.setattr(ingest_module, "hashlib", types.SimpleNamespace(sha256=sha256))
+    outcomes = await _add(KnowledgeBase(store), folder)
+
+    assert [o.status for o in outcomes] == ["added"] * 3
+    assert len(hashed_on) == 3 and loop_thread not in hashed_on
+
+
 async def test_a_file_given_by_itself_goes_under_its_name(
     store: TransactionalStore, folder: Path
 ) -> None:
@@ -314,6 +336,23 @@ async def test_the_embedder_batches_orders_and_checks_what_it_is_answered() -> N
             await Embedder("m", "http://embed.test/v1").embed(["a"])
         router.post("http://embed.test/v1/embeddings").mock(return_value=httpx.Response(503))
         with pytest.raises(ModelError, match="503"):
+            await Embedder("m", "http://embed.test/v1").embed(["a"])
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(200, text="<html>a proxy's page</html>"),
+        httpx.Response(200, json={"data": ["not an object"]}),
+        httpx.Response(200, json={"data": [{"index": 0, "embedding": ["x"]}]}),
+    ],
+)
+async def test_an_embeddings_answer_that_is_not_json_vectors_is_a_model_error(
+    answer: httpx.Response,
+) -> None:
+    with respx.mock() as router:
+        router.post("http://embed.test/v1/embeddings").mock(return_value=answer)
+        with pytest.raises(ModelError, match="unexpected shape"):
             await Embedder("m", "http://embed.test/v1").embed(["a"])
 
 

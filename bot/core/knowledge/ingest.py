@@ -107,12 +107,17 @@ def find_files(paths: Iterable[Path]) -> tuple[list[KnowledgeFile], list[FileOut
     return files, missing
 
 
-def _read(path: Path, max_bytes: int) -> bytes:
+def _read(path: Path, max_bytes: int, model: str | None) -> tuple[bytes, str]:
+    """The file's bytes and its content hash (with the embedding ``model`` when vectors are
+    on). Blocking, hashing included (up to ``max_bytes``): run it in a thread."""
     with path.open("rb") as handle:
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise _Refused(f"larger than MAX_KNOWLEDGE_FILE_BYTES ({max_bytes} bytes)")
-    return data
+    digest = hashlib.sha256(data)
+    if model is not None:
+        digest.update(b"\x00embedding:" + model.encode())
+    return data, digest.hexdigest()
 
 
 class _Refused(Exception):
@@ -170,17 +175,18 @@ class Ingestion:
             self.on_file(outcome)
 
     async def _add_one(self, file: KnowledgeFile, vectors: bool) -> FileOutcome:
+        model = None
+        if vectors:
+            assert self.base.embedder is not None
+            model = self.base.embedder.model
         try:
-            data = await asyncio.to_thread(_read, file.path, self.max_file_bytes)
+            data, content_hash = await asyncio.to_thread(
+                _read, file.path, self.max_file_bytes, model
+            )
         except _Refused as exc:
             return FileOutcome(file.source, "failed", reason=str(exc))
         except OSError as exc:
             return FileOutcome(file.source, "failed", reason=f"cannot read it ({exc.strerror})")
-        digest = hashlib.sha256(data)
-        if vectors:
-            assert self.base.embedder is not None
-            digest.update(b"\x00embedding:" + self.base.embedder.model.encode())
-        content_hash = digest.hexdigest()
         known = await source_hash(self.base.store, file.source)
         if known == content_hash:
             return FileOutcome(file.source, "unchanged")

@@ -79,7 +79,10 @@ class Embedder:
                     raise ModelError(f"embeddings request failed: {type(exc).__name__}") from exc
                 if response.status_code != 200:
                     raise ModelError(f"embeddings endpoint answered {response.status_code}")
-                vectors.extend(_vectors_of(response.json(), len(batch)))
+                try:
+                    vectors.extend(_vectors_of(response.json(), len(batch)))
+                except (ValueError, TypeError, AttributeError) as exc:  # not JSON, odd items
+                    raise ModelError("embeddings endpoint answered an unexpected shape") from exc
         return vectors
 
 
