@@ -279,6 +279,7 @@ async def measure_floor(directory: Path, sessions: int) -> dict[str, Any]:
     """Warm up, then measure the floor loop with ``sessions`` closed-loop clients."""
     from bench.ceiling import store_pragmas
     from bot.config import Settings
+    from bot.heap import settle_after_start
 
     journal, synchronous = await store_pragmas(directory)
     if journal != "wal":
@@ -289,6 +290,7 @@ async def measure_floor(directory: Path, sessions: int) -> dict[str, Any]:
     writer = FloorWriter(path, synchronous, asyncio.get_running_loop())
     writer.start()
     bot = FloorBot(writer, sessions, slots)
+    settle_after_start()  # the collector's settings of `bot run`, as the pipeline has them
     try:
         await _floor_closed_loop(bot, sessions, WARMUP_SECONDS)
         await asyncio.gather(*bot.marks)

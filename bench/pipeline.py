@@ -53,6 +53,7 @@ from bot.core.stores.sqlite import SQLiteSessionStore
 from bot.gateway.contract import EventHandler, PlatformAdapter, SendResult
 from bot.gateway.events import MessageEvent, SessionSource
 from bot.gateway.gateway import Gateway
+from bot.heap import settle_after_start
 
 NAME = "pipeline"
 LEVELS = (1, 10, 100)
@@ -189,6 +190,7 @@ async def start_harness(directory: Path, *, light: bool = False) -> Harness:
     gateway = Gateway(runner, store, [adapter], settings, secret=b"bench-installation-secret")
     await gateway.start()
     await gateway.wait_ready()
+    settle_after_start()  # as `bot run` does once started
     return Harness(gateway, store, adapter, counter, settings)
 
 

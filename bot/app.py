@@ -26,6 +26,7 @@ from bot.gateway.contract import PlatformAdapter
 from bot.gateway.gateway import Gateway
 from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
+from bot.heap import settle_after_start
 from bot.knowledge_cli import knowledge_settings_from
 from bot.metrics import Metrics
 from bot.server import HttpServer, build_app, listen_socket
@@ -156,6 +157,9 @@ class Bot:
     """Console output (default stdout)."""
     metrics: Metrics = field(default_factory=Metrics)
     """The process's metrics."""
+    settle_heap: bool = False
+    """Tune the garbage collector once started (``bot.heap``): the process's entry point
+    sets it; a test or an embedding program owns its interpreter's settings."""
 
     async def run(self) -> None:
         """Start everything, serve until SIGTERM/SIGINT (or console EOF), stop gracefully."""
@@ -258,6 +262,8 @@ class Bot:
                     forwarded_allow_ips=self.settings.forwarded_allow_ips,
                 )
                 await server.start(sock)
+            if self.settle_heap:
+                settle_after_start()
             waiters = [asyncio.create_task(stop.wait())]
             for adapter in adapters:
                 if adapter.closed is not None:

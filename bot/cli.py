@@ -81,7 +81,7 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
     from bot.app import Bot  # the whole house: only run and chat need it
 
     with instance_lock(settings):
-        await Bot(settings, console=console).run()
+        await Bot(settings, console=console, settle_heap=True).run()
     return 0
 
 
@@ -109,7 +109,7 @@ async def _chat(settings: Settings, args: argparse.Namespace) -> int:
     from bot.app import Bot
 
     with instance_lock(settings):
-        await Bot(settings, console=True, serve_http=False).run()
+        await Bot(settings, console=True, serve_http=False, settle_heap=True).run()
     return 0
 
 

@@ -11,6 +11,7 @@ threads); the ``session_id`` derived from it is always safe as a file name.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -70,6 +71,13 @@ _ID_PLATFORM_RE = re.compile(r"[^a-z0-9_]")
 
 def hash_id(value: str, secret: bytes | None = None) -> str:
     """First 12 hex chars of SHA-256 of ``value`` (HMAC-SHA256 keyed by ``secret`` if given)."""
+    return _digest(value, secret)
+
+
+# The same few chats and senders, message after message: an HMAC costs several µs and
+# runs more than once per message (the session key, the memory scope).
+@functools.lru_cache(maxsize=4096)
+def _digest(value: str, secret: bytes | None) -> str:
     data = value.encode("utf-8")
     if secret is None:
         return hashlib.sha256(data).hexdigest()[:12]
