@@ -268,23 +268,24 @@ class Turns:
             await self.inbox.mark_done_in(tx, event.message_id)
             if self.approvals is not None:  # the approval asked for, or the one continued
                 await self.approvals.record_in(tx, entry, result)
-            # The route is the inbound message's, never the model's: a job goes back
-            # to the chat (and topic) it was scheduled from.
-            route = JobRoute(
-                entry.session_key,
-                entry.session_id,
-                event.platform,
-                event.source.chat_id,
-                event.source.thread_id,
-                # Who asked: their jobs' turns are charged to them, revoking them stops them.
-                sender=None if self.accounting is None else self.accounting.sender_key(event),
-                traceparent=spans.traceparent(),  # tx 2's span: each firing's trace links to it
-            )
-            now = self.store.now().timestamp()
-            added, _ = await apply_in(tx, result.effects, route, now)
-            scheduled.append(added)
-            # In the scope of the inbound message, never one the model named.
-            await apply_memory_in(tx, result.effects, scope, entry.session_id, now)
+            if result.effects:  # most turns ask for none: no route, no clock read
+                # The route is the inbound message's, never the model's: a job goes back
+                # to the chat (and topic) it was scheduled from.
+                route = JobRoute(
+                    entry.session_key,
+                    entry.session_id,
+                    event.platform,
+                    event.source.chat_id,
+                    event.source.thread_id,
+                    # Who asked: their jobs' turns are charged to them, revoking them stops them.
+                    sender=None if self.accounting is None else self.accounting.sender_key(event),
+                    traceparent=spans.traceparent(),  # tx 2's span: each firing links to it
+                )
+                now = self.store.now().timestamp()
+                added, _ = await apply_in(tx, result.effects, route, now)
+                scheduled.append(added)
+                # In the scope of the inbound message, never one the model named.
+                await apply_memory_in(tx, result.effects, scope, entry.session_id, now)
             person = requested_human(result.new_messages, self.runner.get_agent)
             if person is not None:
                 await self.takeovers.take_over_in(tx, entry.session_id, person)

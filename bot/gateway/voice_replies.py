@@ -191,8 +191,10 @@ class VoiceReplies:
         """``result`` with its answer spoken (voice parts added) when the mode says so;
         unchanged when it does not, or when speech fails (the reply goes as text)."""
         voice = await self.wanted(event, parts, result.agent, adapter)
+        if voice is None or self.speech is None:
+            return result
         text = speakable(result.content)
-        if voice is None or not text or self.speech is None:
+        if not text:
             return result
         notes: list[AudioPart] = []
         try:
@@ -236,11 +238,11 @@ class VoiceReplies:
         Falls back to ``send_reply`` (text and files) when the chat refuses voice
         notes, the channel has none, or the audio is no longer stored."""
         spoken = [p for p in obligation.attachments if isinstance(p, AudioPart) and p.voice]
+        if not spoken:
+            return await send_reply(adapter, obligation, store)
         as_text = dataclasses.replace(
             obligation, attachments=tuple(p for p in obligation.attachments if p not in spoken)
         )
-        if not spoken:
-            return await send_reply(adapter, obligation, store)
         if not plays_voice(adapter) or await self.is_refused(
             obligation.platform, obligation.chat_id
         ):

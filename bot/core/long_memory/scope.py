@@ -18,9 +18,7 @@ the SQL to.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,14 +59,24 @@ def current_scope() -> MemoryScope | None:
     return _scope.get()
 
 
-@contextlib.contextmanager
-def speaking_as(scope: MemoryScope | None) -> Iterator[None]:
-    """Run the turns inside the block in ``scope`` (the host's call, per inbound message)."""
-    token = _scope.set(scope)
-    try:
-        yield
-    finally:
-        _scope.reset(token)
+class speaking_as:  # lower case: it reads as the function it replaced, `with speaking_as(...)`
+    """Run the turns inside the block in ``scope`` (the host's call, per inbound message).
+
+    A class, not a generator: one per message, on the pipeline's hot path."""
+
+    __slots__ = ("_scope", "_token")
+
+    def __init__(self, scope: MemoryScope | None) -> None:
+        self._scope = scope
+        self._token: Token[MemoryScope | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = _scope.set(self._scope)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None:
+            _scope.reset(self._token)
+            self._token = None
 
 
 def is_visible(

@@ -15,6 +15,7 @@ installation secret; group messages count against their sender, not the group.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -48,6 +49,7 @@ _MIGRATIONS: Final = {
 }
 
 
+@functools.lru_cache(maxsize=4096)  # the same senders, message after message
 def sender_digest(platform: str, sender_id: str, secret: bytes) -> str:
     """HMAC-SHA256 (hex) of ``platform:sender_id`` keyed by the installation secret: how
     access control stores a sender (no raw id, the same in every process)."""
