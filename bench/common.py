@@ -11,6 +11,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -123,6 +124,37 @@ def bench_tmpdir(name: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def extract_revision(rev: str, directory: Path) -> tuple[Path, str] | None:
+    """``bot/`` and ``bench/`` of commit ``rev`` of this repository, extracted under
+    ``directory`` (``git archive``): a baseline to run side by side with this tree.
+    Returns the tree and the commit's short hash, or ``None`` without git or ``rev``."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", f"{rev}^{{commit}}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        archive = directory / f"{commit}.tar"
+        with archive.open("wb") as out:
+            subprocess.run(
+                ["git", "archive", commit, "bot", "bench"],
+                cwd=ROOT,
+                stdout=out,
+                timeout=120,
+                check=True,
+            )
+        tree = directory / commit
+        with tarfile.open(archive) as tar:
+            tar.extractall(tree, filter="data")
+        archive.unlink()
+    except (OSError, subprocess.SubprocessError, tarfile.TarError):
+        return None
+    return tree, commit
 
 
 def write_result(name: str, payload: dict[str, Any], *, data_dir: Path | None = None) -> Path:

@@ -25,7 +25,11 @@ within a round, so the machine's mood of the moment cancels out. The median
 of the rounds is reported, with min and max.
 
 ``python -m bench.floor`` runs it; ``--child floor|pipeline N --dir D`` is
-one measurement (prints JSON).
+one measurement (prints JSON). ``--base REV`` (or ``BENCH_FLOOR_BASE``) adds a
+third run to every round: the pipeline of commit ``REV`` (its ``bot/`` and
+``bench/``, extracted with ``git archive``), as that commit measured itself,
+so "does the pipeline regress against REV" is answered within each round
+(``pipeline ÷ base``, and each one's ratio to the same floor run).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import Any
 from bench.common import (
     ROOT,
     bench_tmpdir,
+    extract_revision,
     fmt_num,
     machine_info,
     percentile,
@@ -64,6 +69,8 @@ CHILD_TIMEOUT_SECONDS = 90
 TEXT = "Hello, where is my order?"
 ANSWER = "Sure, done."
 KINDS = ("floor", "pipeline")
+BASE = "base"
+"""The third kind with ``--base``: another commit's pipeline."""
 
 # Issue 27's targets: pipeline against the floor, same run.
 MIN_THROUGHPUT_RATIO = 0.30
@@ -354,19 +361,25 @@ def _child(kind: str, sessions: int, directory: Path) -> None:
     print(json.dumps({k: result[k] for k in (*_KEYS, *extra) if k in result}))
 
 
-def _measure_in_child(kind: str, sessions: int, directory: Path) -> dict[str, float]:
+def _measure_in_child(
+    kind: str, sessions: int, directory: Path, base: Path | None = None
+) -> dict[str, float]:
+    """One measurement in a fresh interpreter; ``kind`` ``base``: the pipeline of the
+    tree ``base`` (its own ``bench.floor --child pipeline``)."""
+    tree = base if kind == BASE and base is not None else ROOT
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "bench.floor",
             "--child",
-            kind,
+            "pipeline" if kind == BASE else kind,
             str(sessions),
             "--dir",
             str(directory),
         ],
-        cwd=ROOT,
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True,
         text=True,
         timeout=CHILD_TIMEOUT_SECONDS,
@@ -404,6 +417,15 @@ def summarise(runs: dict[int, dict[str, list[dict[str, float]]]]) -> list[dict[s
             "cpu": _spread([p["cpu_ms_per_message"] / f["cpu_ms_per_message"] for f, p in pairs]),
             "p99": _spread([p["latency_p99_ms"] / f["latency_p99_ms"] for f, p in pairs]),
         }
+        base = by_kind.get(BASE)
+        if base:
+            rounds = list(zip(floor, pipe, base, strict=True))
+            level["ratios"]["base_throughput"] = _spread(
+                [b["messages_per_s"] / f["messages_per_s"] for f, _, b in rounds]
+            )
+            level["ratios"]["pipeline_over_base"] = _spread(
+                [p["messages_per_s"] / b["messages_per_s"] for _, p, b in rounds]
+            )
         level["raw"] = by_kind
         levels.append(level)
     return levels
@@ -451,6 +473,20 @@ def targets(levels: Sequence[dict[str, Any]]) -> list[tuple[str, float | None, s
             None if p99 is None else p99 <= MAX_P99_RATIO,
         )
     )
+    for sessions in LEVELS:
+        base = median_of(sessions, "ratios", "base_throughput")
+        value = median_of(sessions, "ratios", "throughput")
+        if base is None or value is None:
+            continue
+        rows.append(
+            (
+                f"pipeline ÷ floor at {sessions} session{'s' if sessions != 1 else ''} "
+                f">= the base's ({base:.2f}, same rounds; issue 38)",
+                value,
+                "{:.2f}",
+                round(value, 2) >= round(base, 2),
+            )
+        )
     for sessions, most in ((100, MAX_COMMITS_AT_100), (1, MAX_COMMITS_AT_1)):
         commits = median_of(sessions, "pipeline", "commits_per_message")
         rows.append(
@@ -467,27 +503,40 @@ def targets(levels: Sequence[dict[str, Any]]) -> list[tuple[str, float | None, s
     return rows
 
 
-def run(levels: Sequence[int] = LEVELS, rounds: int = ROUNDS) -> dict[str, Any]:
-    """Every level, ``rounds`` times, floor and pipeline alternating; tables and result file."""
-    runs: dict[int, dict[str, list[dict[str, float]]]] = {
-        n: {kind: [] for kind in KINDS} for n in levels
-    }
+def run(
+    levels: Sequence[int] = LEVELS, rounds: int = ROUNDS, base_rev: str | None = None
+) -> dict[str, Any]:
+    """Every level, ``rounds`` times, floor and pipeline (and ``base_rev``'s pipeline)
+    alternating; tables and result file."""
     loads: list[float] = []
     machine = machine_info()
+    base_commit: str | None = None
     with bench_tmpdir(NAME) as directory:
+        base: Path | None = None
+        if base_rev:
+            extracted = extract_revision(base_rev, directory)
+            if extracted is None:
+                raise SystemExit(f"bench.floor: --base {base_rev}: not a commit of this checkout")
+            base, base_commit = extracted
+        kinds = (*KINDS, BASE) if base is not None else KINDS
+        runs: dict[int, dict[str, list[dict[str, float]]]] = {
+            n: {kind: [] for kind in kinds} for n in levels
+        }
         for round_number in range(rounds):
             for sessions in levels:
-                # Swap who goes first every round: a neighbour's burst then hits both sides.
-                order = KINDS if (round_number + sessions) % 2 == 0 else KINDS[::-1]
+                # Rotate who goes first every round: a neighbour's burst then hits each side.
+                shift = (round_number + sessions) % len(kinds)
+                order = kinds[shift:] + kinds[:shift]
                 for kind in order:
                     target = directory / f"{kind}-{sessions}-{round_number}"
-                    runs[sessions][kind].append(_measure_in_child(kind, sessions, target))
+                    runs[sessions][kind].append(_measure_in_child(kind, sessions, target, base))
             loads.append(round(os.getloadavg()[0], 2))
             print(
                 f"round {round_number + 1}/{rounds} (load {loads[-1]:.2f}): "
                 + " | ".join(
-                    f"{n}: floor {runs[n]['floor'][-1]['messages_per_s']:,.0f} "
-                    f"pipeline {runs[n]['pipeline'][-1]['messages_per_s']:,.0f} msg/s"
+                    f"{n}: "
+                    + " ".join(f"{k} {runs[n][k][-1]['messages_per_s']:,.0f}" for k in kinds)
+                    + " msg/s"
                     for n in levels
                 ),
                 flush=True,
@@ -495,7 +544,7 @@ def run(levels: Sequence[int] = LEVELS, rounds: int = ROUNDS) -> dict[str, Any]:
     summary = summarise(runs)
     rows = []
     for level in summary:
-        for kind in KINDS:
+        for kind in kinds:
             figures = level[kind]
             rows.append(
                 [
@@ -525,9 +574,23 @@ def run(levels: Sequence[int] = LEVELS, rounds: int = ROUNDS) -> dict[str, Any]:
             for level in summary
         ],
     )
+    if base_commit is not None:
+        print_table(
+            f"Against the base {base_commit}, ratios taken within each round (min / median / max)",
+            ["sessions", "base msg/s ÷ floor", "pipeline msg/s ÷ floor", "pipeline ÷ base"],
+            [
+                [
+                    level["sessions"],
+                    _fmt_spread(level["ratios"]["base_throughput"], 2),
+                    _fmt_spread(level["ratios"]["throughput"], 2),
+                    _fmt_spread(level["ratios"]["pipeline_over_base"], 2),
+                ]
+                for level in summary
+            ],
+        )
     checks = targets(summary)
     print_table(
-        "Targets (issue 27, medians of the rounds)",
+        "Targets (issues 27 and 38, medians of the rounds)",
         ["target", "measured", "status"],
         [
             [
@@ -543,6 +606,7 @@ def run(levels: Sequence[int] = LEVELS, rounds: int = ROUNDS) -> dict[str, Any]:
             "warmup_seconds": WARMUP_SECONDS,
             "measure_seconds": MEASURE_SECONDS,
             "rounds": rounds,
+            "base": base_commit,
             "loadavg_after_each_round": loads,
             "machine_at_start": machine,
         },
@@ -566,6 +630,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dir", type=Path, default=None, help="database directory for --child")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--levels", default=",".join(str(n) for n in LEVELS))
+    parser.add_argument(
+        "--base",
+        default=os.environ.get("BENCH_FLOOR_BASE") or None,
+        help="a commit whose pipeline joins every round (the no-regression check)",
+    )
     args = parser.parse_args(argv)
     if args.child is not None:
         kind, sessions = args.child
@@ -575,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    run([int(n) for n in args.levels.split(",")], args.rounds)
+    run([int(n) for n in args.levels.split(",")], args.rounds, args.base)
 
 
 if __name__ == "__main__":
