@@ -147,6 +147,7 @@ async def record_usage_in(
     usage: Usage,
     sender: str | None = None,
     at: datetime | None = None,
+    schema_ready: bool = False,
 ) -> None:
     """Record one model call's ``usage`` inside ``tx`` (it commits or rolls back with it).
 
@@ -155,8 +156,11 @@ async def record_usage_in(
     when unknown); ``sender`` is the sender's key as access control stores it
     (an HMAC digest, never a raw id), ``None`` for calls no sender caused;
     ``at`` is when the call was made (now by default): its UTC day is the row's.
+    ``schema_ready``: the caller made sure of the table at its start (a read saved
+    in every turn's transaction).
     """
-    await ensure_usage_schema_in(tx)
+    if not schema_ready:
+        await ensure_usage_schema_in(tx)
     moment = at or datetime.now(UTC)
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)

@@ -94,6 +94,7 @@ class TokenAccounting:
         self._secret = secret
         self.max_tokens_per_day = max_tokens_per_day
         self._clock = clock or store.now
+        self._schema_ready = False  # the usage table made sure of by ``open``
 
     @property
     def budgeted(self) -> bool:
@@ -113,6 +114,7 @@ class TokenAccounting:
                 await ensure_schema(tx, _COMPONENT, _MIGRATIONS)
 
         await self._store.run(body)
+        self._schema_ready = True
 
     def sender_key(self, event: MessageEvent) -> str | None:
         """The sender as the usage table stores it (an HMAC digest, as access control
@@ -144,6 +146,7 @@ class TokenAccounting:
                 usage=call.usage,
                 sender=sender,
                 at=at,
+                schema_ready=self._schema_ready,
             )
 
     async def record_lost(
