@@ -173,7 +173,7 @@ class Gateway:
         )
         self.approvals.on_turns = self._queue_turns
         self.turns.approvals = self.approvals
-        self.turns.keyboard_owner = self._keyboard_owner
+        self.turns.keyboard_owner = self.approvals.keyboard_owner_in
         self.approvals.send_details = self._send_details
         self.taps.intercept(APPROVAL_BUTTON_PREFIX, self.approvals.on_tap)
         runner.tool_services[SCHEDULING_POLICY] = SchedulingPolicy(
@@ -632,16 +632,6 @@ class Gateway:
 
         if await self.store.run(owe):
             await self.outbox.send(obligation.claimed())
-
-    async def _keyboard_owner(self, tx: Transaction, entry: InboxEntry) -> str | None:
-        """Whose keyboard a reply to ``entry`` carries: the person its turn answered;
-        ``None`` for a scheduled turn's (the chat stands in for its sender) and in a
-        channel (a post's sender is the channel: any subscriber may tap)."""
-        if entry.event.source.chat_type == "channel":
-            return None
-        if entry.event.scheduled and not self.approvals.continues(entry):
-            return None
-        return await self.approvals.requester_in(tx, entry)
 
     async def _on_accept_in(self, tx: Transaction, event: MessageEvent) -> None:
         """In tx 1 of every accepted message: the contact window, the tapped keyboard."""

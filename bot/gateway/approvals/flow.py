@@ -186,6 +186,16 @@ class Approvals:
             ),
         )
 
+    async def keyboard_owner_in(self, tx: Transaction, entry: InboxEntry) -> str | None:
+        """Whose keyboard a reply to ``entry`` carries: the person its turn answered;
+        ``None`` for a scheduled turn's (the chat stands in for its sender) and in a
+        channel (a post's sender is the channel: any subscriber may tap)."""
+        if entry.event.source.chat_type == "channel":
+            return None
+        if entry.event.scheduled and not self.continues(entry):
+            return None
+        return await self.requester_in(tx, entry)
+
     async def requester_in(self, tx: Transaction, entry: InboxEntry) -> str:
         """The keyed hash of the person ``entry``'s turn answers: who may approve what it
         asks, and whose keyboard its reply carries.
