@@ -64,8 +64,10 @@ async def test_a_kill_in_a_remember_turn_keeps_fact_and_answer_together(
     assert await _run(tmp_path, kill_at) == -signal.SIGKILL
     after_kill = _stored_and_owed(tmp_path / "chatflow.db")
     assert all(pair in ((0, 0), (1, 1)) for pair in after_kill), after_kill
+    # The kill comes in the first turn to get there; the other chat's turn may be
+    # anywhere in its own (a loaded machine decides), so only the first one is known.
     died_before_commit = kill_at in ("after_tool", "in_commit")
-    assert ((0, 0) in after_kill) is died_before_commit, after_kill
+    assert ((0, 0) if died_before_commit else (1, 1)) in after_kill, after_kill
 
     assert await _run(tmp_path, None) == 0
     assert _stored_and_owed(tmp_path / "chatflow.db") == [(1, 1)] * len(FACTS)

@@ -130,10 +130,10 @@ async def test_a_rolled_back_question_is_not_counted_as_requested(
 ) -> None:
     """tx 2 fails after the approval row was written: no row, no count, one apology."""
 
-    async def failing_apply_in(*args: object, **kwargs: object) -> object:
-        raise StorageError("disk full")
+    def failing_after_the_row(*args: object, **kwargs: object) -> object:
+        raise StorageError("disk full")  # the last step of tx 2, after the approval's row
 
-    monkeypatch.setattr(turns, "apply_in", failing_apply_in)
+    monkeypatch.setattr(turns, "requested_human", failing_after_the_row)
     rig.model.add(ScriptedModel.call("refund", order_id="1001", amount=25))
     assert await rig.adapter.deliver(make_event("refund 1001"))
     [apology] = await rig.adapter.wait_for_sent(1)
