@@ -4,8 +4,9 @@ and platforms, one line each (``ok``, ``WARN`` or ``FAIL``)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import httpx
 
@@ -19,6 +20,7 @@ from bot.database import open_store
 from bot.errors import ChatflowError
 from bot.server import listen_socket
 from bot.setting_typos import setting_typos
+from bot.tracing.setup import environment as tracing_environment
 from bot.tracing.setup import plan as tracing_plan
 
 __all__ = ["CheckResult", "run_checks", "tools_line"]
@@ -191,11 +193,39 @@ def _check_voice(settings: Settings, loaded: LoadedAgents) -> CheckResult:
     return CheckResult("voice replies", True, detail)
 
 
-def _check_tracing() -> CheckResult:
+async def _check_tracing(client: httpx.AsyncClient) -> CheckResult:
     """``tracing: OTLP/HTTP to http://collector:4318/v1/traces (service chatflow, ...)``,
-    or why it is off; a warning when message content is captured."""
-    chosen = tracing_plan()
-    return CheckResult("tracing", True, chosen.reason, warning=chosen.capture_content)
+    or why it is off; a warning when message content is captured, or when the
+    collector does not take an (empty) export: the bot would drop its spans."""
+    env = tracing_environment()
+    chosen = tracing_plan(env)
+    if chosen.exporter != "otlp" or chosen.endpoint is None:
+        return CheckResult("tracing", True, chosen.reason, warning=chosen.capture_content)
+    headers = {"content-type": "application/x-protobuf", **_otlp_headers(env)}
+    try:
+        # An export with no span: answered as any other, it stores nothing.
+        answer = await client.post(chosen.endpoint, content=b"", headers=headers)
+    except httpx.HTTPError as exc:
+        problem = f"nothing answers there ({type(exc).__name__}): spans would be dropped"
+    else:
+        if answer.is_success:
+            return CheckResult("tracing", True, chosen.reason, warning=chosen.capture_content)
+        problem = f"the collector refused an export (HTTP {answer.status_code})"
+        if answer.status_code in (401, 403):
+            problem += ": check OTEL_EXPORTER_OTLP_HEADERS"
+    return CheckResult("tracing", True, f"{chosen.reason}; {problem}", warning=True)
+
+
+def _otlp_headers(env: Mapping[str, str]) -> dict[str, str]:
+    """The OTLP exporter's headers as the SDK reads them: ``key=value`` pairs, comma
+    separated, URL-encoded; the traces-only variable wins."""
+    raw = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS")
+    headers: dict[str, str] = {}
+    for pair in (raw or "").split(","):
+        name, sep, value = pair.partition("=")
+        if sep and name.strip():
+            headers[unquote(name.strip()).lower()] = unquote(value.strip())
+    return headers
 
 
 async def _check_knowledge(settings: Settings, loaded: LoadedAgents) -> CheckResult:
@@ -343,13 +373,13 @@ async def run_checks(settings: Settings) -> int:
     else:
         results.append(CheckResult("database", False, "not checked: DATA_DIR is unusable"))
     results.append(_check_http_port(settings))
-    results.append(_check_tracing())
-    loaded: LoadedAgents | None = None
-    try:
-        loaded = load_agents(settings.agents_module)
-    except ChatflowError as exc:
-        results.append(CheckResult("agents", False, str(exc)))
     async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        results.append(await _check_tracing(client))
+        loaded: LoadedAgents | None = None
+        try:
+            loaded = load_agents(settings.agents_module)
+        except ChatflowError as exc:
+            results.append(CheckResult("agents", False, str(exc)))
         if loaded is not None:
             results.extend(await _check_models(settings, loaded, client))
             results.append(_check_approvals(loaded))

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+import respx
 
+from bot import doctor
 from bot.core.scheduling import MIGRATIONS as JOB_MIGRATIONS
 from bot.core.scheduling import TABLE as JOBS
 from bot.core.scheduling import JobRoute, ScheduleRequest, apply_in
@@ -26,6 +31,7 @@ from bot.tracing import spans
 from bot.tracing.recorder import parse_traceparent
 from bot.tracing.setup import environment, plan
 from tests.fakes.adapter import make_event
+from tests.fakes.otlp_server import FakeOtlpServer
 from tests.fakes.tracing import recording_spans
 from tests.test_cli import _bot
 
@@ -266,15 +272,49 @@ def test_otel_names_in_the_env_file_count_and_the_process_environment_wins(
     assert merged["OTEL_SERVICE_NAME"] == "process-bot"
 
 
-def test_doctor_says_where_traces_go(tmp_path: Path) -> None:
-    def tracing_line() -> str:
-        result = _bot(tmp_path, "doctor")
+async def test_doctor_says_where_traces_go_and_whether_a_collector_takes_them(
+    tmp_path: Path,
+) -> None:
+    async def tracing_line() -> str:
+        result = await asyncio.to_thread(_bot, tmp_path, "doctor")  # the fake serves meanwhile
         (line,) = [line for line in result.stdout.splitlines() if " tracing: " in line]
         return line
 
-    assert tracing_line() == "ok   tracing: off (set OTEL_EXPORTER_OTLP_ENDPOINT to export traces)"
-    (tmp_path / ".env").write_text("OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318\n")
-    assert tracing_line() == (
-        "ok   tracing: OTLP/HTTP to http://collector:4318/v1/traces "
-        "(service chatflow, sampler parentbased_always_on)"
+    assert await tracing_line() == (
+        "ok   tracing: off (set OTEL_EXPORTER_OTLP_ENDPOINT to export traces)"
+    )
+    async with FakeOtlpServer() as otlp:
+        (tmp_path / ".env").write_text(f"OTEL_EXPORTER_OTLP_ENDPOINT={otlp.endpoint}\n")
+        assert await tracing_line() == (
+            f"ok   tracing: OTLP/HTTP to {otlp.endpoint}/v1/traces "
+            "(service chatflow, sampler parentbased_always_on)"
+        )
+        assert otlp.exports == 1 and otlp.spans == []  # an empty export: nothing stored
+    with socket.socket() as closed:  # a port nothing listens on once it is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    (tmp_path / ".env").write_text(f"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:{port}\n")
+    assert await tracing_line() == (
+        f"WARN tracing: OTLP/HTTP to http://127.0.0.1:{port}/v1/traces "
+        "(service chatflow, sampler parentbased_always_on); "
+        "nothing answers there (ConnectError): spans would be dropped"
+    )
+
+
+@respx.mock
+async def test_doctor_sends_the_exporter_headers_and_says_when_the_collector_refuses_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no .env here
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://otlp.example/api")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Basic%20a2V5, x-team = 7")
+    route = respx.post("https://otlp.example/api/v1/traces").respond(401)
+    async with httpx.AsyncClient() as client:
+        result = await doctor._check_tracing(client)
+    sent = route.calls.last.request
+    assert sent.headers["authorization"] == "Basic a2V5" and sent.headers["x-team"] == "7"
+    assert sent.content == b"" and sent.headers["content-type"] == "application/x-protobuf"
+    assert result.ok and result.warning
+    assert result.detail.endswith(
+        "; the collector refused an export (HTTP 401): check OTEL_EXPORTER_OTLP_HEADERS"
     )
