@@ -6,10 +6,10 @@ process holds. A bot holds tens of thousands of objects from start-up
 (modules, classes, the agents, settings, compiled schemas) that live until it
 stops, and every message allocates a few hundred short-lived ones (events,
 messages, futures, tasks) that die by reference counting, not by the
-collector. With the defaults, each message pays for young collections that
-find nothing and, every few thousand messages, a full walk of the start-up
-heap (tens of milliseconds at a time): about 7 % of the pipeline's CPU, measured
-(``bench/README.md``, section 7).
+collector. With the defaults, the pipeline of ``bench/`` ran about 590
+collections in 4 s at 10 sessions (4 of them full walks of the start-up heap,
+about 35 ms each) and they collected nothing: 50-70 µs of each message's CPU
+(docs/ARCHITECTURE.md, "Decisions").
 
 ``settle_after_start`` runs once the bot is up: one full collection, then
 ``gc.freeze()`` moves what survived into the permanent generation (never
