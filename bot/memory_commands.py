@@ -15,7 +15,8 @@ from bot.config import Settings
 from bot.core.long_memory.records import delete_memory, list_memories
 from bot.core.stores.base import TransactionalStore
 from bot.database import open_store
-from bot.gateway.erasure import PersonRef, erase_person, parse_person
+from bot.gateway.erasure import erase_person
+from bot.gateway.keys import PersonRef, parse_person
 from bot.gateway.memory_scope import person_ref
 from bot.gateway.proactive.operator_send import PLATFORMS
 

@@ -144,6 +144,7 @@ PUBLIC_PATHS: dict[str, set[str]] = {
     },
     "bot.gateway.keys": {
         "KEY_PREFIX",
+        "PersonRef",
         "SECRET_FILE_NAME",
         "build_session_key",
         "chat_type_of",
@@ -156,6 +157,7 @@ PUBLIC_PATHS: dict[str, set[str]] = {
         "load_or_create_secret",
         "load_or_create_shared_secret",
         "log_ref",
+        "parse_person",
         "session_id_for",
     },
     "bot.gateway.inbox": {

@@ -19,8 +19,9 @@ from starlette.routing import BaseRoute, Route
 from bot.console.auth import Principal
 from bot.console.views import ConsoleViews
 from bot.core.long_memory.records import delete_memory, list_memories
-from bot.gateway.erasure import erase_person, parse_person
+from bot.gateway.erasure import erase_person
 from bot.gateway.gateway import Gateway
+from bot.gateway.keys import parse_person
 
 __all__ = ["MemoryViews", "forget_person"]
 

@@ -42,10 +42,16 @@ from bot.core.sql import Transaction
 from bot.core.stores.base import TransactionalStore
 from bot.gateway.access.rate_limits import sender_digest
 from bot.gateway.events import SessionSource
-from bot.gateway.keys import build_session_key, hash_chat_id, hash_sender_id, session_id_for
+from bot.gateway.keys import (
+    PersonRef,
+    build_session_key,
+    hash_chat_id,
+    hash_sender_id,
+    session_id_for,
+)
 from bot.gateway.voice_replies import refusal_chat_hash
 
-__all__ = ["KINDS", "REDACTED", "Erasure", "PersonRef", "erase_person", "parse_person"]
+__all__ = ["KINDS", "REDACTED", "Erasure", "erase_person"]
 
 REDACTED: Final = "[removed at the person's request]"
 """What a group session shows instead of an erased person's message."""
@@ -67,23 +73,6 @@ KINDS: Final = (
 """The kinds ``forget-user`` reports, in its order."""
 
 _SHA = re.compile(r"\b[0-9a-f]{64}\b")
-
-
-@dataclass(frozen=True, slots=True)
-class PersonRef:
-    """A person as the operator names them: platform and raw platform id."""
-
-    platform: str
-    user_id: str
-
-
-def parse_person(text: str) -> PersonRef:
-    """``telegram:123`` / ``whatsapp:15551234567`` -> ``PersonRef``; ``ValueError`` otherwise."""
-    platform, sep, user_id = text.strip().partition(":")
-    platform, user_id = platform.strip().lower(), user_id.strip().lstrip("+")
-    if not sep or not platform or not user_id or not re.fullmatch(r"[a-z0-9_]+", platform):
-        raise ValueError(f"{text!r} is not PLATFORM:USER_ID (e.g. telegram:123456789)")
-    return PersonRef(platform, user_id)
 
 
 @dataclass

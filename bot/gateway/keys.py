@@ -20,6 +20,7 @@ import re
 import secrets
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bot.core.ids import set_log_safe_session_ids
@@ -33,6 +34,7 @@ from bot.logs import log_ref
 __all__ = [
     "KEY_PREFIX",
     "SECRET_FILE_NAME",
+    "PersonRef",
     "build_session_key",
     "chat_type_of",
     "hash_chat_id",
@@ -44,6 +46,7 @@ __all__ = [
     "load_or_create_secret",
     "load_or_create_shared_secret",
     "log_ref",
+    "parse_person",
     "session_id_for",
 ]
 
@@ -92,6 +95,23 @@ def hash_sender_id(value: str, secret: bytes | None = None) -> str:
 def hash_chat_id(value: str, secret: bytes | None = None) -> str:
     """Hash a chat id to ``chat_<12hex>``."""
     return f"chat_{hash_id(value, secret)}"
+
+
+@dataclass(frozen=True, slots=True)
+class PersonRef:
+    """A person as the operator names them: platform and raw platform id."""
+
+    platform: str
+    user_id: str
+
+
+def parse_person(text: str) -> PersonRef:
+    """``telegram:123`` / ``whatsapp:15551234567`` -> ``PersonRef``; ``ValueError`` otherwise."""
+    platform, sep, user_id = text.strip().partition(":")
+    platform, user_id = platform.strip().lower(), user_id.strip().lstrip("+")
+    if not sep or not user_id or not _PLATFORM_RE.fullmatch(platform):
+        raise ValueError(f"{text!r} is not PLATFORM:USER_ID (e.g. telegram:123456789)")
+    return PersonRef(platform, user_id)
 
 
 def build_session_key(

@@ -16,9 +16,9 @@ import pytest
 from bot.core.long_memory import MemoryScope, RememberRequest, apply_memory_in
 from bot.core.models.scripted import ScriptedModel
 from bot.gateway.contract import MediaAttachment
-from bot.gateway.erasure import REDACTED, erase_person, parse_person
+from bot.gateway.erasure import REDACTED, erase_person
 from bot.gateway.events import MessageEvent
-from bot.gateway.keys import hash_chat_id, hash_sender_id
+from bot.gateway.keys import hash_chat_id, hash_sender_id, parse_person
 from tests.fakes.adapter import make_event
 from tests.fakes.media_files import jpeg_bytes
 from tests.gateway.conftest import Rig

@@ -31,6 +31,7 @@ from bot.core.sql import Transaction, ensure_schema
 from bot.core.stores.base import TransactionalStore, require_transactional
 from bot.gateway.access.rate_limits import sender_digest
 from bot.gateway.instances import from_epoch, to_epoch
+from bot.gateway.keys import parse_person
 
 __all__ = [
     "CACHE_SECONDS",
@@ -271,13 +272,16 @@ class Pairing:
                 (f"DELETE FROM {_REQUESTS} WHERE code = ?", (code,)),
             ]
         else:
-            if _SHOWN_SENDER.fullmatch(user):
-                match, params = "sender LIKE ?", (platform, user.removeprefix("user_") + "%")
+            platform, shown = platform.strip().lower(), user.strip()
+            if _SHOWN_SENDER.fullmatch(shown):
+                match, params = "sender LIKE ?", (platform, shown.removeprefix("user_") + "%")
             else:
-                match, params = (
-                    "sender = ?",
-                    (platform, sender_digest(platform, user, self._secret)),
-                )
+                try:  # written as for forget-user: any case, spaces, WhatsApp's "+"
+                    person = parse_person(target)
+                except ValueError:
+                    return 0  # names no one, so no one is revoked
+                digest = sender_digest(person.platform, person.user_id, self._secret)
+                match, params = "sender = ?", (person.platform, digest)
             revoked = (
                 f"SELECT platform, sender FROM {_APPROVALS} WHERE platform = ? AND {match}",
                 params,

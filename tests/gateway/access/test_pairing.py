@@ -158,6 +158,7 @@ async def test_another_process_approval_counts_at_once_and_revocation_within_sec
     [
         pytest.param("code", id="by-code"),
         pytest.param("raw-id", id="by-platform-and-user-id"),
+        pytest.param("raw-id-as-typed", id="by-platform-and-user-id-in-other-case-and-spaces"),
         pytest.param("listed", id="by-ref-from-list"),
     ],
 )
@@ -168,7 +169,12 @@ async def test_revoke_withdraws_an_approval(databases: StoreFactory, how: str) -
     code = await ask(pairing, store)
     _, ref = await pairing.approve(code)
     assert ref is not None
-    target = {"code": code.lower(), "raw-id": "telegram:42", "listed": ref}[how]
+    target = {
+        "code": code.lower(),
+        "raw-id": "telegram:42",
+        "raw-id-as-typed": " Telegram: 42 ",
+        "listed": ref,
+    }[how]
     assert await pairing.revoke(target) == 1
     ticker.now += CACHE_SECONDS
     assert not await pairing.is_approved("telegram", "42")
