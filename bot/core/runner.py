@@ -706,8 +706,10 @@ class Runner:
         messages = session.history if agent.vision else without_images(session.history)
         tools = agent.tool_specs()
         token = current_agent_name.set(agent.name)
-        provider = getattr(model, "provider_name", "offline")
-        attributes = genai.chat_attributes(model_name, provider, agent.name)
+        attributes = None
+        if spans.enabled():  # (off: no attributes built for a span that records nothing)
+            provider = getattr(model, "provider_name", "offline")
+            attributes = genai.chat_attributes(model_name, provider, agent.name)
         try:
             with spans.span(f"chat {model_name}", attributes, kind="client") as traced:
                 response = await ask_model(
@@ -719,7 +721,8 @@ class Runner:
                     messages=messages,
                     tools=tools,
                 )
-                genai.model_answered(traced, response)
+                if attributes is not None:  # traced
+                    genai.model_answered(traced, response)
         finally:
             current_agent_name.reset(token)
         self.compactor.observe_call(session.session_id, agent, messages, tools, response.usage)

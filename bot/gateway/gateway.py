@@ -682,6 +682,9 @@ class Gateway:
                 if claimed is not None:
                     await self.outbox.send(claimed)
             return
+        if not spans.enabled():
+            await self.turns.process(item)  # (no span: nothing to name or link)
+            return
         if item.trace is None:
             # Recovered from the journal, scheduled or continued after an approval: its
             # own trace, linked to the span that owed it where one was stored.

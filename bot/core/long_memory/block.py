@@ -82,10 +82,11 @@ def memory_block(memories: Sequence[Memory], bound: int) -> str:
 async def system_prompt(agent: _Agent, store: object, services: Mapping[str, object]) -> str:
     """``agent``'s instructions, followed by the memory block of the current turn's scope."""
     scope = current_scope()
-    if scope is None or not isinstance(store, TransactionalStore):
+    if scope is None:
         return agent.instructions
+    # Most agents have no memory: answered before the store's type is looked at.
     bound = block_bound(agent, memory_policy(services).prompt_chars)
-    if bound <= 0:
+    if bound <= 0 or not isinstance(store, TransactionalStore):
         return agent.instructions
     block = memory_block(await visible_memories(store, scope), bound)
     return f"{agent.instructions}\n\n{block}" if block else agent.instructions
