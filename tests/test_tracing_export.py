@@ -186,3 +186,39 @@ async def test_an_attribute_marshal_cannot_carry_drops_its_span_only() -> None:
         assert await asyncio.to_thread(exporter.shutdown, 30)
         assert [s.name for s in otlp.spans] == ["good"]  # its batch-mate still exported
     assert exporter.dropped == 1
+
+
+async def test_a_frame_is_exported_in_batches_of_the_export_batch_size() -> None:
+    # The sending thread ships half the queue a frame (fewer wakes of a thread that
+    # takes the bot's GIL); the exporter process still posts OTEL_BSP_MAX_EXPORT_BATCH_SIZE
+    # spans at most an export, as the SDK's batch processor does.
+    async with FakeOtlpServer() as otlp:
+        exporter = ChildExporter(
+            "otlp",
+            f"{otlp.endpoint}/v1/traces",
+            "unit",
+            {**ENV, "OTEL_BSP_MAX_QUEUE_SIZE": "16", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "3"},
+            flush_seconds=3600,  # only a full frame (8) or the shutdown sends
+        )
+        for n in range(8):
+            exporter.submit(_record(f"s{n}", span_id=n + 1))
+        got = await otlp.wait_for(lambda s: len(s) == 8, within=30)
+        assert sorted(s.name for s in got) == [f"s{n}" for n in range(8)]
+        assert otlp.exports == 3  # 3 + 3 + 2
+        assert await asyncio.to_thread(exporter.shutdown, 30)
+    assert exporter.dropped == 0
+
+
+def test_the_helpers_are_the_recorders_own_while_it_is_installed(
+    recorded: list[Record],
+) -> None:
+    recorder = Recorder(recorded.append)
+    spans.install(recorder)
+    assert spans.span == recorder.span  # one call into the recorder, no check on the way
+    with spans.span("a"):
+        assert spans.traceparent() is not None
+    spans.install(None)
+    with spans.span("b") as handle:
+        assert handle is spans.NO_SPAN
+        assert spans.traceparent() is None and spans.capture() is None
+    assert [r[0] for r in recorded] == ["a"]

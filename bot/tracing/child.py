@@ -1,12 +1,12 @@
 """The exporter process: spans from the bot rebuilt as the SDK's and exported over OTLP/HTTP.
 
-Run by ``bot.tracing.export`` as ``python -P .../child.py EXPORTER ENDPOINT SERVICE``
-(as a script, so it imports none of the bot: only the standard library and
+Run by ``bot.tracing.export`` as ``python -P .../child.py EXPORTER ENDPOINT SERVICE
+BATCH`` (as a script, so it imports none of the bot: only the standard library and
 OpenTelemetry). It reads frames from its stdin (a 4-byte little-endian length,
-then a ``marshal``-ed list of ``bot.tracing.recorder.Record`` tuples: one batch,
-made by ``bot.tracing.export`` as the SDK's batch processor makes them), turns
-each record into an ``opentelemetry.sdk.trace.ReadableSpan`` and exports the
-batch with the official exporter (OTLP/HTTP protobuf, configured by
+then a ``marshal``-ed list of ``bot.tracing.recorder.Record`` lists), turns each
+record into an ``opentelemetry.sdk.trace.ReadableSpan`` and exports a frame in
+batches of at most BATCH spans (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``) with the
+official exporter (OTLP/HTTP protobuf, configured by
 ``OTEL_EXPORTER_OTLP_*``, or the console's). At the end of its stdin (the bot
 stopped, or died) it shuts the exporter down and exits. Ctrl-C's SIGINT is
 ignored: the bot's own stop closes the pipe after its last spans.
@@ -28,7 +28,7 @@ import queue
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 from opentelemetry.sdk.resources import Resource
@@ -68,7 +68,7 @@ class _Resource(Resource):
         return super().__eq__(other)
 
 
-def readable(record: tuple[Any, ...], resource: Resource) -> ReadableSpan:
+def readable(record: Sequence[Any], resource: Resource) -> ReadableSpan:
     """One ``Record`` as the SDK's finished span (what its exporters take)."""
     (name, trace_id, span_id, parent_id, flags, kind, start, end) = record[:8]
     attributes, links, events, failed = record[8:12]
@@ -113,12 +113,12 @@ def payloads(stream: IO[bytes]) -> Iterator[bytes]:
         yield payload
 
 
-def frames(payloads: Iterator[bytes]) -> Iterator[list[tuple[Any, ...]]]:
-    """The batches of records ``payloads`` hold."""
+def frames(payloads: Iterator[bytes]) -> Iterator[list[Sequence[Any]]]:
+    """The lists of records ``payloads`` hold."""
     for payload in payloads:
-        batch = marshal.loads(payload)
-        if isinstance(batch, list):
-            yield batch
+        frame = marshal.loads(payload)
+        if isinstance(frame, list):
+            yield frame
 
 
 def _read_ahead(stream: IO[bytes], into: queue.Queue[bytes | None]) -> None:
@@ -144,6 +144,7 @@ def main(argv: list[str]) -> int:
     )
     reader.start()
     kind, endpoint, service = argv[1:4]
+    batch = max(int(argv[4]), 1) if len(argv) > 4 else 512
     exporter: SpanExporter
     if kind == "console":
         exporter = ConsoleSpanExporter()
@@ -157,11 +158,12 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(OSError):  # not allowed here: it runs at the bot's priority
         os.nice(NICENESS)
     try:
-        # One export a frame, in order; a slow collector (or an exporter starved of
+        # Exports in order, a frame in batches; a slow collector (or an exporter starved of
         # CPU) fills the backlog, then the pipe, then the bot's queue, which drops
         # and counts.
-        for batch in frames(_backlog(ahead)):
-            exporter.export([readable(record, resource) for record in batch])
+        for frame in frames(_backlog(ahead)):
+            for at in range(0, len(frame), batch):
+                exporter.export([readable(record, resource) for record in frame[at : at + batch]])
     finally:
         exporter.shutdown()
     return 0

@@ -1,13 +1,13 @@
 """The live tracer behind ``bot.tracing.spans``: light span records, no SDK in this process.
 
-A span here is a small object: random ids, ``time.time_ns()`` at its start and
-end, a dict of attributes, its links, events and whether it failed. The current
-span lives in a ``ContextVar``, so it follows tasks as asyncio copies contexts
+A span here is a list: random ids, ``time.time_ns()`` at its start and end, a
+dict of attributes, its links, events and whether it failed. The current span
+lives in a ``ContextVar``, so it follows tasks as asyncio copies contexts
 (``capture`` hands it to another task); ``traceparent`` and the log formatter's
-ids are read from it. An ended span that was sampled becomes a
-plain tuple (``Record``) handed to ``sink`` (``bot.tracing.export``'s queue to
-the exporter process, or a test's list): building OpenTelemetry's objects and
-encoding OTLP happen elsewhere, never on this process's GIL.
+ids are read from it. An ended span that was sampled is handed, as it is, to
+``sink`` as a ``Record`` (``bot.tracing.export``'s queue to the exporter process,
+or a test's list): building OpenTelemetry's objects and encoding OTLP happen
+elsewhere, never on this process's GIL.
 
 Sampling follows ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` as the SDK
 reads them (``parentbased_always_on`` by default).
@@ -16,18 +16,20 @@ reads them (``parentbased_always_on`` by default).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar, Token
 from random import getrandbits
 from time import time_ns
 from types import TracebackType
-from typing import Final, NamedTuple, cast
+from typing import Any, Final, NamedTuple, cast
 
 from bot.tracing.spans import AttributeValue, Carried, Kind, SpanHandle
 
 __all__ = [
     "EVERY_TRACE",
     "KINDS",
+    "RECORD_FIELDS",
     "Record",
     "Recorder",
     "Sampler",
@@ -47,21 +49,13 @@ KINDS: Final[Mapping[Kind, int]] = {
 }
 """``SpanKind``'s values in OpenTelemetry (and OTLP's, less one)."""
 
-Record = tuple[
-    str,  # name
-    int,  # trace id
-    int,  # span id
-    int,  # parent span id, 0 for a root
-    int,  # trace flags
-    int,  # kind (KINDS)
-    int,  # start, ns since the epoch
-    int,  # end
-    dict[str, AttributeValue],
-    tuple[tuple[int, int, int], ...],  # links: (trace id, span id, flags)
-    tuple[tuple[str, int, dict[str, AttributeValue]], ...],  # events: (name, time, attributes)
-    bool,  # failed (status ERROR)
-]
-"""An ended span as plain values: what crosses to the exporter process (``marshal``)."""
+Record = Sequence[Any]
+"""An ended span, in this order: name; trace id; span id; parent span id (0 for a
+root); trace flags; kind (``KINDS``); start and end (ns since the epoch); attributes
+(a dict); links ((trace id, span id, flags) each); events ((name, time, attributes)
+each); failed (status ERROR). Items past ``RECORD_FIELDS`` are the recorder's own;
+the first ``RECORD_FIELDS``, as a plain list, cross to the exporter (``marshal``)."""
+RECORD_FIELDS: Final = 12
 
 
 class SpanContext(NamedTuple):
@@ -133,94 +127,43 @@ def sampler_from(env: Mapping[str, str]) -> Sampler:
     return Sampler(name.startswith("parentbased_"), ratio)
 
 
-class _Span:
+class _Span(list):  # type: ignore[type-arg]
     """One span being recorded: its ``SpanHandle``, the ``with`` block that makes it
-    current, and (in the context) what its children and ``traceparent`` read."""
+    current, and (in the context) what its children and ``traceparent`` read.
 
-    __slots__ = (
-        "attributes",
-        "error",
-        "events",
-        "flags",
-        "kind",
-        "links",
-        "name",
-        "open",
-        "parent",
-        "sink",
-        "span_id",
-        "start",
-        "token",
-        "trace_id",
-    )
+    A list laid out as a ``Record`` (its first ``RECORD_FIELDS`` items), then the sink
+    (``None``: not sampled, nothing is kept) and the context token of its ``with``
+    block: made in one call with no ``__init__`` to run, and once ended it is its own
+    record. A span is made for every step of every message (about seven), so what
+    it costs is paid thousands of times a second on a busy bot.
+    """
 
-    def __init__(
-        self,
-        name: str,
-        trace_id: int,
-        span_id: int,
-        flags: int,
-        parent: int,
-        kind: int,
-        start: int,
-        attributes: dict[str, AttributeValue],
-        links: tuple[tuple[int, int, int], ...],
-        sink: Callable[[Record], None] | None,
-    ) -> None:
-        self.name = name
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.flags = flags
-        self.parent = parent
-        self.kind = kind
-        self.start = start
-        self.attributes = attributes
-        self.links = links
-        self.events: list[tuple[str, int, dict[str, AttributeValue]]] | None = None
-        self.error = False
-        self.sink = sink  # None: not sampled, nothing is kept
-        self.open = True
-        self.token: Token[_Span | None] | None = None
+    __slots__ = ()
 
     def set(self, key: str, value: AttributeValue) -> None:
-        self.attributes[key] = value
+        self[8][key] = value
 
     def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
-        if self.sink is None:
+        if self[12] is None:
             return
-        if self.events is None:
-            self.events = []
-        self.events.append((name, time_ns(), dict(attributes) if attributes else {}))
+        if not self[10]:
+            self[10] = []
+        self[10].append((name, time_ns(), dict(attributes) if attributes else {}))
 
     def fail(self, error_type: str) -> None:
-        self.attributes["error.type"] = error_type
-        self.error = True
+        self[8]["error.type"] = error_type
+        self[11] = True
 
     def end(self) -> None:
-        if not self.open:
+        if self[7]:
             return
-        self.open = False
-        if self.sink is not None:
-            events = self.events
-            self.sink(
-                (
-                    self.name,
-                    self.trace_id,
-                    self.span_id,
-                    self.parent,
-                    self.flags,
-                    self.kind,
-                    self.start,
-                    time_ns(),
-                    self.attributes,
-                    self.links,
-                    () if events is None else tuple(events),
-                    self.error,
-                )
-            )
+        self[7] = time_ns()
+        sink = self[12]
+        if sink is not None:
+            sink(self)
 
     def __enter__(self) -> SpanHandle:
-        self.token = _CURRENT.set(self)
+        self[13] = _CURRENT.set(self)
         return self
 
     def __exit__(
@@ -229,20 +172,25 @@ class _Span:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        token = self.token
-        self.token = None  # the token holds the context holding this span: no cycle left
+        token = self[13]
+        self[13] = None  # the token holds the context holding this span: no cycle left
         try:
-            _CURRENT.reset(token)  # type: ignore[arg-type]
+            _CURRENT.reset(token)
         except ValueError:  # left in another context
             _restore(token)
         if kind is not None:
             # The class only: an exception's message may quote content.
-            self.attributes["error.type"] = kind.__name__
-            self.error = True
-        self.end()
+            self[8]["error.type"] = kind.__name__
+            self[11] = True
+        if not self[7]:  # end(), inline: this runs for every span
+            self[7] = time_ns()
+            sink = self[12]
+            if sink is not None:
+                sink(self)
 
 
 _CURRENT: ContextVar[_Span | None] = ContextVar("chatflow_span", default=None)
+_NOTHING: AbstractContextManager[object] = nullcontext(None)
 
 
 class _Resumed:
@@ -275,7 +223,11 @@ def _restore(token: Token[_Span | None] | None) -> None:
 
 
 class Recorder:
-    """Spans recorded in this process, ended ones handed to ``sink`` (``spans.Backend``)."""
+    """Spans recorded in this process, ended ones handed to ``sink`` (``spans.Backend``).
+
+    Its methods have the signatures of ``bot.tracing.spans``' helpers: ``spans.install``
+    makes them those helpers, so an instrumented line calls the recorder directly.
+    """
 
     def __init__(
         self,
@@ -292,64 +244,75 @@ class Recorder:
     def span(
         self,
         name: str,
-        attributes: Mapping[str, AttributeValue] | None,
-        kind: Kind,
-        parent: Carried | None,
-        link: str | None,
-        root: bool,
-        start_ns: int | None,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        *,
+        kind: Kind = "internal",
+        parent: Carried | None = None,
+        link: str | None = None,
+        root: bool = False,
+        start_ns: int | None = None,
     ) -> _Span:
         up: _Span | None = None if root else (parent or _CURRENT.get())  # type: ignore[assignment]
         if up is None:
             trace_id = getrandbits(128) or 1
             sampled = self._every or self._sampler.keeps(trace_id)
+            parent_id = 0
         else:
-            trace_id = up.trace_id
-            sampled = (
-                bool(up.flags & _SAMPLED)
-                if self._sampler.parent_based
-                else self._sampler.keeps(trace_id)
-            )
-        linked = None if link is None else parse_traceparent(link)
+            trace_id = up[1]
+            parent_id = up[2]
+            if self._sampler.parent_based:
+                sampled = up[4] & _SAMPLED
+            else:
+                sampled = self._sampler.keeps(trace_id)
+        links: tuple[tuple[int, int, int], ...] = ()
+        if link is not None and (linked := parse_traceparent(link)) is not None:
+            links = ((linked.trace_id, linked.span_id, linked.flags),)
         return _Span(
-            name,
-            trace_id,
-            getrandbits(64) or 1,
-            _SAMPLED if sampled else 0,
-            0 if up is None else up.span_id,
-            KINDS[kind],
-            time_ns() if start_ns is None else start_ns,
-            dict(attributes) if attributes else {},
-            () if linked is None else ((linked.trace_id, linked.span_id, linked.flags),),
-            self._sink if sampled else None,
+            (
+                name,
+                trace_id,
+                getrandbits(64) or 1,
+                parent_id,
+                _SAMPLED if sampled else 0,
+                KINDS[kind],
+                time_ns() if start_ns is None else start_ns,
+                0,  # the end, set once
+                dict(attributes) if attributes else {},
+                links,
+                (),  # events: a list once there is one
+                False,  # failed
+                self._sink if sampled else None,
+                None,  # the token of its `with` block
+            )
         )
 
     def start(
         self,
         name: str,
-        attributes: Mapping[str, AttributeValue] | None,
-        parent: Carried | None,
-        start_ns: int | None,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        *,
+        parent: Carried | None = None,
+        start_ns: int | None = None,
     ) -> SpanHandle:
-        return self.span(name, attributes, "internal", parent, None, False, start_ns)
+        return self.span(name, attributes, parent=parent, start_ns=start_ns)
 
     def capture(self) -> Carried | None:
         return _CURRENT.get()
 
-    def resume(self, carried: Carried) -> _Resumed:
-        return _Resumed(cast(_Span, carried))
+    def resume(self, carried: Carried | None) -> AbstractContextManager[object]:
+        return _NOTHING if carried is None else _Resumed(cast(_Span, carried))
 
-    def detached(self) -> _Resumed:
+    def detached(self) -> AbstractContextManager[object]:
         return _Resumed(None)
 
     def traceparent(self) -> str | None:
         current = _CURRENT.get()
         if current is None:
             return None
-        return f"00-{current.trace_id:032x}-{current.span_id:016x}-{current.flags:02x}"
+        return f"00-{current[1]:032x}-{current[2]:016x}-{current[4]:02x}"
 
     def log_ids(self) -> tuple[str, str] | None:
         current = _CURRENT.get()
         if current is None:
             return None
-        return f"{current.trace_id:032x}", f"{current.span_id:016x}"
+        return f"{current[1]:032x}", f"{current[2]:016x}"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Literal, Protocol
 
@@ -76,38 +76,64 @@ class Carried(Protocol):
 
 
 class Backend(Protocol):
-    """The live tracer ``bot.tracing.recorder.Recorder`` implements."""
+    """The live tracer ``bot.tracing.recorder.Recorder`` implements: ``install`` makes its
+    methods this module's helpers, which have their signatures."""
 
     capture_content: bool
 
     def span(
         self,
         name: str,
-        attributes: Mapping[str, AttributeValue] | None,
-        kind: Kind,
-        parent: Carried | None,
-        link: str | None,
-        root: bool,
-        start_ns: int | None,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        *,
+        kind: Kind = "internal",
+        parent: Carried | None = None,
+        link: str | None = None,
+        root: bool = False,
     ) -> AbstractContextManager[SpanHandle]: ...
 
     def start(
         self,
         name: str,
-        attributes: Mapping[str, AttributeValue] | None,
-        parent: Carried | None,
-        start_ns: int | None,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        *,
+        parent: Carried | None = None,
+        start_ns: int | None = None,
     ) -> SpanHandle: ...
 
     def capture(self) -> Carried | None: ...
 
-    def resume(self, carried: Carried) -> AbstractContextManager[object]: ...
+    def resume(self, carried: Carried | None) -> AbstractContextManager[object]: ...
 
     def detached(self) -> AbstractContextManager[object]: ...
 
     def traceparent(self) -> str | None: ...
 
     def log_ids(self) -> tuple[str, str] | None: ...
+
+
+class _SpanFunction(Protocol):
+    def __call__(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        *,
+        kind: Kind = "internal",
+        parent: Carried | None = None,
+        link: str | None = None,
+        root: bool = False,
+    ) -> AbstractContextManager[SpanHandle]: ...
+
+
+class _StartFunction(Protocol):
+    def __call__(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        *,
+        parent: Carried | None = None,
+        start_ns: int | None = None,
+    ) -> SpanHandle: ...
 
 
 class _NoSpan:
@@ -134,9 +160,20 @@ _backend: Backend | None = None
 
 
 def install(backend: Backend | None) -> None:
-    """Make ``backend`` the live tracer (``None``: back to the no-op)."""
-    global _backend
+    """Make ``backend`` the live tracer (``None``: back to the no-op).
+
+    The helpers below become ``backend``'s own methods, so a span costs one call into
+    the recorder with no check on the way (a span is made for every step of every
+    message). Hence: call them as ``spans.span(...)``, never imported by name, which
+    would keep whatever was installed at the import."""
+    global _backend, span, start, capture, resume, detached, traceparent, log_ids
     _backend = backend
+    if backend is None:
+        span, start, capture, resume = _no_span, _no_start, _no_capture, _no_resume
+        detached, traceparent, log_ids = _no_detached, _no_traceparent, _no_log_ids
+    else:
+        span, start, capture, resume = backend.span, backend.start, backend.capture, backend.resume
+        detached, traceparent, log_ids = backend.detached, backend.traceparent, backend.log_ids
 
 
 def enabled() -> bool:
@@ -144,7 +181,7 @@ def enabled() -> bool:
     return _backend is not None
 
 
-def span(
+def _no_span(
     name: str,
     attributes: Mapping[str, AttributeValue] | None = None,
     *,
@@ -153,71 +190,74 @@ def span(
     link: str | None = None,
     root: bool = False,
 ) -> AbstractContextManager[SpanHandle]:
-    """A span around a ``with`` block, current inside it.
-
-    ``parent``: a context carried from another task (default: the current one).
-    ``root``: start a new trace; ``link`` (a stored ``traceparent``) links it to the
-    span that owed this work. An exception leaving the block marks the span failed
-    with its class name only (its message may quote content).
-    """
-    backend = _backend
-    if backend is None:
-        return _NO_SPAN_CONTEXT
-    return backend.span(name, attributes, kind, parent, link, root, None)
+    return _NO_SPAN_CONTEXT
 
 
-def start(
+def _no_start(
     name: str,
     attributes: Mapping[str, AttributeValue] | None = None,
     *,
     parent: Carried | None = None,
     start_ns: int | None = None,
 ) -> SpanHandle:
-    """A span that is not made current and is ended by ``end()`` (e.g. a queue wait
-    that began at ``start_ns``, ``time.time_ns()``, in another task)."""
-    backend = _backend
-    if backend is None:
-        return NO_SPAN
-    return backend.start(name, attributes, parent, start_ns)
+    return NO_SPAN
 
 
-def capture() -> Carried | None:
-    """The current span's context, to continue its trace in another task."""
-    backend = _backend
-    return None if backend is None else backend.capture()
+def _no_capture() -> Carried | None:
+    return None
 
 
-def resume(carried: Carried | None) -> AbstractContextManager[object]:
-    """Make ``carried`` the current context for the ``with`` block."""
-    backend = _backend
-    if backend is None or carried is None:
-        return _NOTHING
-    return backend.resume(carried)
+def _no_resume(carried: Carried | None) -> AbstractContextManager[object]:
+    return _NOTHING
 
 
-def detached() -> AbstractContextManager[object]:
-    """No current span for the ``with`` block: work of its own (a queued resend) in a
-    task that may have been started inside some message's trace."""
-    backend = _backend
-    return _NOTHING if backend is None else backend.detached()
+def _no_detached() -> AbstractContextManager[object]:
+    return _NOTHING
 
 
-def traceparent() -> str | None:
-    """The current span as a W3C ``traceparent`` (to store with owed work), or None."""
-    backend = _backend
-    return None if backend is None else backend.traceparent()
+def _no_traceparent() -> str | None:
+    return None
+
+
+def _no_log_ids() -> tuple[str, str] | None:
+    return None
+
+
+span: _SpanFunction = _no_span
+"""``span(name, attributes=None, *, kind="internal", parent=None, link=None, root=False)``:
+a span around a ``with`` block, current inside it.
+
+``parent``: a context carried from another task (default: the current one).
+``root``: start a new trace; ``link`` (a stored ``traceparent``) links it to the
+span that owed this work. An exception leaving the block marks the span failed
+with its class name only (its message may quote content)."""
+
+start: _StartFunction = _no_start
+"""``start(name, attributes=None, *, parent=None, start_ns=None)``: a span that is not
+made current and is ended by ``end()`` (e.g. a queue wait that began at ``start_ns``,
+``time.time_ns()``, in another task)."""
+
+capture: Callable[[], Carried | None] = _no_capture
+"""The current span's context, to continue its trace in another task."""
+
+resume: Callable[[Carried | None], AbstractContextManager[object]] = _no_resume
+"""Make a carried context the current one for the ``with`` block (``None``: no change)."""
+
+detached: Callable[[], AbstractContextManager[object]] = _no_detached
+"""No current span for the ``with`` block: work of its own (a queued resend) in a
+task that may have been started inside some message's trace."""
+
+traceparent: Callable[[], str | None] = _no_traceparent
+"""The current span as a W3C ``traceparent`` (to store with owed work), or None."""
+
+log_ids: Callable[[], tuple[str, str] | None] = _no_log_ids
+"""``(trace_id, span_id)`` in hex of the current span, for a log record."""
 
 
 def provider_headers() -> dict[str, str]:
     """Headers for an outgoing call (a model provider's): ``traceparent``, or none."""
     value = traceparent()
     return {} if value is None else {"traceparent": value}
-
-
-def log_ids() -> tuple[str, str] | None:
-    """``(trace_id, span_id)`` in hex of the current span, for a log record."""
-    backend = _backend
-    return None if backend is None else backend.log_ids()
 
 
 def capturing_content() -> bool:
