@@ -46,6 +46,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from bench.common import (
     print_table,
     write_result,
 )
+from bench.interleave import Spec, run_round
 
 NAME = "floor"
 LEVELS = (1, 10, 100)
@@ -195,6 +197,7 @@ class FloorBot:
 
     def __init__(self, writer: FloorWriter, sessions: int, slots: int) -> None:
         self._writer = writer
+        self.slots = slots
         self._slots = asyncio.Semaphore(slots)
         self._next_seq = [0] * sessions
         self._counter = 0
@@ -282,8 +285,28 @@ async def _floor_closed_loop(bot: FloorBot, sessions: int, seconds: float) -> li
     return latencies
 
 
-async def measure_floor(directory: Path, sessions: int) -> dict[str, Any]:
-    """Warm up, then measure the floor loop with ``sessions`` closed-loop clients."""
+@dataclass
+class Floor:
+    """A started floor loop: its bot and database thread (``start_floor``)."""
+
+    bot: FloorBot
+    writer: FloorWriter
+    synchronous: int
+    """The store's ``synchronous`` setting, which the floor's connection uses too."""
+
+    async def one_message(self, session: int) -> float:
+        """One message of client ``session`` (``FloorBot.one_message``)."""
+        return await self.bot.one_message(session)
+
+    async def close(self) -> None:
+        """Wait for the delivered marks, then stop the database thread."""
+        await asyncio.gather(*self.bot.marks)
+        await self.writer.close()
+
+
+async def start_floor(directory: Path, sessions: int) -> Floor:
+    """The floor loop on ``directory/floor.db``, with the store's durability settings and
+    the collector's settings of ``bot run``, as the pipeline has them."""
     from bench.ceiling import store_pragmas
     from bot.config import Settings
     from bot.heap import settle_after_start
@@ -296,8 +319,14 @@ async def measure_floor(directory: Path, sessions: int) -> dict[str, Any]:
     _create(path, sessions)
     writer = FloorWriter(path, synchronous, asyncio.get_running_loop())
     writer.start()
-    bot = FloorBot(writer, sessions, slots)
-    settle_after_start()  # the collector's settings of `bot run`, as the pipeline has them
+    settle_after_start()
+    return Floor(FloorBot(writer, sessions, slots), writer, synchronous)
+
+
+async def measure_floor(directory: Path, sessions: int) -> dict[str, Any]:
+    """Warm up, then measure the floor loop with ``sessions`` closed-loop clients."""
+    floor = await start_floor(directory, sessions)
+    bot, writer = floor.bot, floor.writer
     try:
         await _floor_closed_loop(bot, sessions, WARMUP_SECONDS)
         await asyncio.gather(*bot.marks)
@@ -312,7 +341,7 @@ async def measure_floor(directory: Path, sessions: int) -> dict[str, Any]:
         cpu_ended = os.times()
         commits = writer.commits - commits_before
     finally:
-        await writer.close()
+        await floor.close()
     count = len(latencies)
     cpu = cpu_ended.user + cpu_ended.system - cpu_started.user - cpu_started.system
     return {
@@ -324,8 +353,8 @@ async def measure_floor(directory: Path, sessions: int) -> dict[str, Any]:
         "latency_p99_ms": percentile(latencies, 99) * 1000,
         "commits_per_message": commits / count,
         "cpu_ms_per_message": cpu / count * 1000,
-        "synchronous": synchronous,
-        "max_concurrent_turns": slots,
+        "synchronous": floor.synchronous,
+        "max_concurrent_turns": bot.slots,
     }
 
 
@@ -361,25 +390,21 @@ def _child(kind: str, sessions: int, directory: Path) -> None:
     print(json.dumps({k: result[k] for k in (*_KEYS, *extra) if k in result}))
 
 
-def _measure_in_child(
-    kind: str, sessions: int, directory: Path, base: Path | None = None
-) -> dict[str, float]:
-    """One measurement in a fresh interpreter; ``kind`` ``base``: the pipeline of the
-    tree ``base`` (its own ``bench.floor --child pipeline``)."""
-    tree = base if kind == BASE and base is not None else ROOT
+def _measure_in_child(kind: str, sessions: int, directory: Path) -> dict[str, float]:
+    """One measurement in a fresh interpreter."""
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "bench.floor",
             "--child",
-            "pipeline" if kind == BASE else kind,
+            kind,
             str(sessions),
             "--dir",
             str(directory),
         ],
-        cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=CHILD_TIMEOUT_SECONDS,
@@ -403,8 +428,13 @@ def _fmt_spread(spread: dict[str, float], digits: int) -> str:
     return " / ".join(fmt_num(spread[k], digits) for k in ("min", "median", "max"))
 
 
-def summarise(runs: dict[int, dict[str, list[dict[str, float]]]]) -> list[dict[str, Any]]:
-    """Per level: each kind's figures and the pipeline ÷ floor ratios, round by round."""
+def summarise(
+    runs: dict[int, dict[str, list[dict[str, float]]]],
+    interleaved: dict[int, list[dict[str, float]]],
+) -> list[dict[str, Any]]:
+    """Per level: each kind's figures (runs one after another), the pipeline ÷ floor
+    ratios of CPU and p99 taken within each round, and the throughput ratios taken
+    within each interleaved round (``interleaved``: each round's msg/s by kind)."""
     levels = []
     for sessions, by_kind in runs.items():
         floor, pipe = by_kind["floor"], by_kind["pipeline"]
@@ -412,20 +442,18 @@ def summarise(runs: dict[int, dict[str, list[dict[str, float]]]]) -> list[dict[s
         for kind, results in by_kind.items():
             level[kind] = {key: _spread([r[key] for r in results]) for key in _KEYS}
         pairs = list(zip(floor, pipe, strict=True))
+        turns = interleaved[sessions]
         level["ratios"] = {
-            "throughput": _spread([p["messages_per_s"] / f["messages_per_s"] for f, p in pairs]),
+            "throughput": _spread([t["pipeline"] / t["floor"] for t in turns]),
             "cpu": _spread([p["cpu_ms_per_message"] / f["cpu_ms_per_message"] for f, p in pairs]),
             "p99": _spread([p["latency_p99_ms"] / f["latency_p99_ms"] for f, p in pairs]),
         }
-        base = by_kind.get(BASE)
-        if base:
-            rounds = list(zip(floor, pipe, base, strict=True))
-            level["ratios"]["base_throughput"] = _spread(
-                [b["messages_per_s"] / f["messages_per_s"] for f, _, b in rounds]
-            )
+        if all(BASE in t for t in turns):
+            level["ratios"]["base_throughput"] = _spread([t[BASE] / t["floor"] for t in turns])
             level["ratios"]["pipeline_over_base"] = _spread(
-                [p["messages_per_s"] / b["messages_per_s"] for _, p, b in rounds]
+                [t["pipeline"] / t[BASE] for t in turns]
             )
+        level["interleaved_messages_per_s"] = turns
         level["raw"] = by_kind
         levels.append(level)
     return levels
@@ -518,33 +546,39 @@ def run(
             if extracted is None:
                 raise SystemExit(f"bench.floor: --base {base_rev}: not a commit of this checkout")
             base, base_commit = extracted
-        kinds = (*KINDS, BASE) if base is not None else KINDS
         runs: dict[int, dict[str, list[dict[str, float]]]] = {
-            n: {kind: [] for kind in kinds} for n in levels
+            n: {kind: [] for kind in KINDS} for n in levels
         }
+        interleaved: dict[int, list[dict[str, float]]] = {n: [] for n in levels}
+        specs = {kind: Spec(kind, ROOT, {}) for kind in KINDS}
+        if base is not None:
+            specs[BASE] = Spec("pipeline", base, {})
         for round_number in range(rounds):
             for sessions in levels:
                 # Rotate who goes first every round: a neighbour's burst then hits each side.
-                shift = (round_number + sessions) % len(kinds)
-                order = kinds[shift:] + kinds[:shift]
+                order = KINDS if (round_number + sessions) % 2 == 0 else KINDS[::-1]
                 for kind in order:
                     target = directory / f"{kind}-{sessions}-{round_number}"
-                    runs[sessions][kind].append(_measure_in_child(kind, sessions, target, base))
+                    runs[sessions][kind].append(_measure_in_child(kind, sessions, target))
+                turns = run_round(specs, sessions, directory)
+                interleaved[sessions].append(
+                    {kind: result["messages_per_s"] for kind, result in turns.items()}
+                )
             loads.append(round(os.getloadavg()[0], 2))
             print(
-                f"round {round_number + 1}/{rounds} (load {loads[-1]:.2f}): "
+                f"round {round_number + 1}/{rounds} (load {loads[-1]:.2f}), interleaved: "
                 + " | ".join(
                     f"{n}: "
-                    + " ".join(f"{k} {runs[n][k][-1]['messages_per_s']:,.0f}" for k in kinds)
+                    + " ".join(f"{k} {v:,.0f}" for k, v in interleaved[n][-1].items())
                     + " msg/s"
                     for n in levels
                 ),
                 flush=True,
             )
-    summary = summarise(runs)
+    summary = summarise(runs, interleaved)
     rows = []
     for level in summary:
-        for kind in kinds:
+        for kind in KINDS:
             figures = level[kind]
             rows.append(
                 [
@@ -562,7 +596,8 @@ def run(
         rows,
     )
     print_table(
-        "Pipeline ÷ floor loop, ratio taken within each round (min / median / max)",
+        "Pipeline ÷ floor loop, ratio taken within each round (min / median / max; msg/s "
+        "from the interleaved rounds)",
         ["sessions", "msg/s", "CPU/msg", "p99"],
         [
             [
@@ -615,7 +650,8 @@ def run(
             "floor": "one asyncio loop + one sqlite3 thread with group commit; per message "
             "tx 1 (claim + journal row), tx 2 (2 history rows + session bump + obligation "
             "attempting + journal done), instant send, delivered mark in the next batch",
-            "ratios": "pipeline ÷ floor within each round, then min / median / max over rounds",
+            "ratios": "pipeline ÷ floor within each round, then min / median / max over "
+            "rounds; msg/s ratios from the rounds run interleaved (bench.interleave)",
             "cpu": "process CPU time (os.times, all threads) over the measurement / messages",
         },
     }

@@ -13,15 +13,10 @@ in four variants, each a bot in a process (and process group) of its own:
 - ``on, 10 %``: the same with ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at 0.1
   (one message in ten traced: what a busy deployment would run).
 
-Interleaved: a round starts the four together, then runs them one at a time, in
-turn, ``SLICE`` seconds each while the others are held (``SIGSTOP`` to the group,
-exporter included), ``CYCLES`` turns each, the order reversed every other turn. So
-every variant meets the same machine, second by second: on a shared machine the
-same code's speed drifts by up to ±20 % between runs a few seconds apart, which
-swamped a 5 % figure when the variants ran one after another. A variant's rate is
-its messages over the time it ran (counted in a shared page the bot writes). Each
-round starts fresh processes: one process runs a few % faster than the next on the
-same code (its memory's layout).
+Interleaved (``bench.interleave``): a round starts the four together and runs them
+one at a time, in turn, 0.2 s each while the others are held (the ``on`` bots'
+exporter processes with them), so every variant meets the same machine; each
+round starts fresh processes.
 
 Reported: each variant's median round (msg/s); ``on ÷ off``, the median of the
 rounds' own ratios (target >= 0.95), and of the totals; ``off ÷ today`` (no
@@ -33,19 +28,14 @@ imported OpenTelemetry (off: never; on: neither, the exporter process does).
 
 from __future__ import annotations
 
-import json
-import mmap
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -56,60 +46,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from bench.common import ROOT, extract_revision, fmt_num, print_table, write_result
+from bench.interleave import CYCLES, SLICE, Spec, run_round
 
 NAME = "tracing"
 SESSIONS = 10
 ROUNDS = int(os.environ.get("BENCH_TRACING_ROUNDS", "5"))
-SLICE = float(os.environ.get("BENCH_TRACING_SLICE", "0.2"))
-"""Seconds a variant runs at a turn."""
-CYCLES = int(os.environ.get("BENCH_TRACING_CYCLES", "25"))
-"""Measured turns of each variant a round (``CYCLES * SLICE`` seconds of it)."""
-WARMUP_CYCLES = 5
-"""Turns each before the count starts (caches, the exporter's first batches)."""
 TARGET = 0.95
-_TICKS = os.sysconf("SC_CLK_TCK")
-_START_SECONDS = 120.0
-
-_CHILD = """
-import asyncio, json, mmap, os, sys
-from pathlib import Path
-import bench.pipeline as pipeline
-import bot
-tracing = None
-if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-    from bot.tracing.setup import configure
-    tracing = configure()
-    assert tracing is not None
-
-async def main():
-    harness = await pipeline.start_harness(Path(os.environ["BENCH_DIR"]), light=True)
-    with open(os.environ["BENCH_COUNTER"], "r+b") as fh:
-        page = mmap.mmap(fh.fileno(), 8)
-    answered = memoryview(page).cast("Q")
-    stop = asyncio.Event()
-
-    async def client(session):
-        while not stop.is_set():
-            await harness.one_message(session)
-            answered[0] += 1
-
-    clients = [asyncio.create_task(client(n)) for n in range(int(sys.argv[1]))]
-    print("ready", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    stop.set()
-    await asyncio.gather(*clients)
-    await harness.close()
-    answered.release()
-    page.close()
-
-asyncio.run(main())
-dropped = 0
-if tracing is not None:
-    tracing.shutdown()
-    dropped = tracing.exporter.dropped
-print(json.dumps({"bot": bot.__file__, "dropped": dropped,
-                  "otel": any(m.startswith("opentelemetry") for m in sys.modules)}))
-"""
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -197,170 +139,14 @@ def _baseline(directory: Path) -> tuple[Path, str] | None:
     return extract_revision(parent, directory)
 
 
-@dataclass
-class _Bot:
-    """One variant's bot: its process group, its count of answered messages, and what
-    it has run so far this round."""
-
-    name: str
-    process: subprocess.Popen[str]
-    page: mmap.mmap
-    messages: int = 0
-    seconds: float = 0.0
-
-    @property
-    def answered(self) -> int:
-        return int.from_bytes(self.page[:8], sys.byteorder)
-
-    def cpu(self) -> tuple[int, int]:
-        """Clock ticks of CPU used so far by the bot's process and by the rest of its
-        group (the exporter process)."""
-        own = others = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", encoding="ascii") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:  # gone meanwhile
-                continue
-            if int(fields[2]) != self.process.pid:
-                continue
-            used = int(fields[11]) + int(fields[12])
-            if int(entry.name) == self.process.pid:
-                own += used
-            else:
-                others += used
-        return own, others
-
-    def hold(self) -> None:
-        """Stop the group and wait until the bot is stopped (its count then stands)."""
-        os.killpg(self.process.pid, signal.SIGSTOP)
-        _, status = os.waitpid(self.process.pid, os.WUNTRACED)
-        if not os.WIFSTOPPED(status):
-            raise RuntimeError(f"the {self.name} bot ended during the run (status {status})")
-
-    def turn(self, seconds: float, *, counted: bool) -> None:
-        """Let the group run for ``seconds``, then hold it again."""
-        before = self.answered
-        started = time.perf_counter()
-        os.killpg(self.process.pid, signal.SIGCONT)
-        time.sleep(seconds)
-        self.hold()
-        if counted:
-            self.seconds += time.perf_counter() - started
-            self.messages += self.answered - before
-
-
-def _start(name: str, tree: Path, env: dict[str, str], scratch: Path) -> _Bot:
-    directory = Path(
-        tempfile.mkdtemp(prefix=f"{name.replace(' ', '').replace(',', '')}-", dir=scratch)
+def _round(variants: dict[str, Spec], scratch: Path) -> dict[str, Any]:
+    """One interleaved round, and the spans the receiver decoded while it counted."""
+    spans_at: list[int] = []
+    results: dict[str, Any] = run_round(
+        variants, SESSIONS, scratch, measuring=lambda _: spans_at.append(_Receiver.spans)
     )
-    counter = directory / "answered"
-    counter.write_bytes(bytes(8))
-    keep = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    with (directory / "stderr").open("w") as errors:
-        process = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(SESSIONS)],
-            cwd=tree,
-            env={
-                **keep,
-                "PYTHONPATH": str(tree),
-                "BENCH_DIR": str(directory),
-                "BENCH_COUNTER": str(counter),
-                **env,
-            },
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
-            start_new_session=True,  # its own group: held and resumed with its exporter
-        )
-    with counter.open("r+b") as fh:
-        page = mmap.mmap(fh.fileno(), 8)
-    bot = _Bot(name, process, page)
-    if not _ready(process, _START_SECONDS):
-        _kill(bot)
-        raise RuntimeError(f"the {name} bot did not start:\n{_stderr(directory)}")
-    bot.hold()
-    return bot
-
-
-def _ready(process: subprocess.Popen[str], seconds: float) -> bool:
-    """Whether the bot says it is ready within ``seconds`` (its first line)."""
-    said: list[str] = []
-    assert process.stdout is not None
-    stdout = process.stdout
-    # A thread, for the timeout: it ends with the process's stdout if it never says.
-    reader = threading.Thread(target=lambda: said.append(stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(seconds)
-    return bool(said) and said[0].strip() == "ready"
-
-
-def _stderr(directory: Path) -> str:
-    try:
-        return (directory / "stderr").read_text(encoding="utf-8", errors="replace")[-2000:]
-    except OSError:
-        return ""
-
-
-def _kill(bot: _Bot) -> None:
-    """End a bot and its exporter whatever state they are in."""
-    with suppress(ProcessLookupError):
-        os.killpg(bot.process.pid, signal.SIGKILL)
-    bot.process.wait(30)
-    bot.page.close()
-
-
-def _finish(bot: _Bot, tree: Path) -> dict[str, Any]:
-    """Let the bot stop on its own (its exporter flushed) and read its report."""
-    os.killpg(bot.process.pid, signal.SIGCONT)
-    out, _ = bot.process.communicate("stop\n", timeout=120)
-    bot.page.close()
-    if bot.process.returncode != 0:
-        raise RuntimeError(f"the {bot.name} bot failed (exit {bot.process.returncode})")
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    if not result["bot"].startswith(str(tree)):
-        raise RuntimeError(f"the {bot.name} bot imported another tree's bot: {result['bot']}")
-    return result
-
-
-def _round(variants: dict[str, tuple[Path, dict[str, str]]], scratch: Path) -> dict[str, Any]:
-    """One round: the variants started together, run in turn, each's rate and CPU."""
-    bots: dict[str, _Bot] = {}
-    try:
-        for name, (tree, env) in variants.items():
-            bots[name] = _start(name, tree, env, scratch)
-        order = list(bots.values())
-        for _ in range(WARMUP_CYCLES):
-            for bot in order:
-                bot.turn(SLICE, counted=False)
-        spans_before = _Receiver.spans
-        cpu_before = {name: bot.cpu() for name, bot in bots.items()}
-        for cycle in range(CYCLES):
-            for bot in order if cycle % 2 == 0 else reversed(order):
-                bot.turn(SLICE, counted=True)
-        cpu_after = {name: bot.cpu() for name, bot in bots.items()}
-        exported = _Receiver.spans - spans_before  # the "on" variants' (both)
-        results: dict[str, Any] = {}
-        for name, bot in bots.items():
-            (own_0, others_0), (own_1, others_1) = cpu_before[name], cpu_after[name]
-            results[name] = {
-                "messages": bot.messages,
-                "seconds": bot.seconds,
-                "messages_per_s": bot.messages / bot.seconds,
-                "cpu_ms_per_message": (own_1 - own_0) / _TICKS / bot.messages * 1000,
-                "exporter_cpu_ms_per_message": (others_1 - others_0) / _TICKS / bot.messages * 1000,
-            }
-        for name in list(bots):
-            results[name].update(_finish(bots[name], variants[name][0]))
-            del bots[name]  # ended: nothing left for the clean-up below
-        results["spans_exported"] = exported
-        return results
-    finally:
-        for bot in bots.values():
-            _kill(bot)
+    results["spans_exported"] = spans_at[1] - spans_at[0]  # the "on" variants' (both)
+    return results
 
 
 def main() -> int:
@@ -372,20 +158,20 @@ def main() -> int:
             "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
             "OTEL_TRACES_SAMPLER_ARG": "0.1",
         }
-        variants: dict[str, tuple[Path, dict[str, str]]] = {
-            "off": (ROOT, {}),
-            "on": (ROOT, traced),
-            "on, 10 %": (ROOT, sampled),
+        variants = {
+            "off": Spec("pipeline", ROOT, {}),
+            "on": Spec("pipeline", ROOT, traced),
+            "on, 10 %": Spec("pipeline", ROOT, sampled),
         }
         if today is not None:
-            variants = {"today": (today[0], {}), **variants}
+            variants = {"today": Spec("pipeline", today[0], {}), **variants}
         rounds = [_round(variants, Path(scratch)) for _ in range(ROUNDS)]
     return _report(rounds, variants, today[1] if today else None)
 
 
 def _report(
     rounds: list[dict[str, Any]],
-    variants: dict[str, tuple[Path, dict[str, str]]],
+    variants: dict[str, Spec],
     today_commit: str | None,
 ) -> int:
     rates = {name: [r[name]["messages_per_s"] for r in rounds] for name in variants}
@@ -394,7 +180,7 @@ def _report(
         name: statistics.median(r[name]["cpu_ms_per_message"] for r in rounds) for name in variants
     }
     exporter_cpu = {
-        name: statistics.median(r[name]["exporter_cpu_ms_per_message"] for r in rounds)
+        name: statistics.median(r[name]["group_cpu_ms_per_message"] for r in rounds)
         for name in variants
     }
     per_round = [r["on"]["messages_per_s"] / r["off"]["messages_per_s"] for r in rounds]

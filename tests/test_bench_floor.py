@@ -65,15 +65,25 @@ def test_ratios_are_taken_within_each_round() -> None:
             "commits_per_message": 1.0,
         }
 
-    # A slow round slows both sides: the ratio of each round is 0.25.
+    # A slow round slows both sides: the ratio of each round is 0.25 (the CPU's 4).
     runs = {
         1: {
             "floor": [result(4000), result(1000), result(2000)],
             "pipeline": [result(1000), result(250), result(500)],
         }
     }
-    (level,) = floor.summarise(runs)
-    assert level["ratios"]["throughput"] == _spread(0.25)
+    # Throughput ratios come from the interleaved rounds, each round's own.
+    interleaved = {
+        1: [
+            {"floor": 4000.0, "pipeline": 1200.0, "base": 1000.0},
+            {"floor": 1000.0, "pipeline": 300.0, "base": 250.0},
+            {"floor": 2000.0, "pipeline": 600.0, "base": 500.0},
+        ]
+    }
+    (level,) = floor.summarise(runs, interleaved)
+    assert level["ratios"]["throughput"] == _spread(0.3)
+    assert level["ratios"]["base_throughput"] == _spread(0.25)
+    assert level["ratios"]["pipeline_over_base"] == _spread(1.2)
     assert level["ratios"]["cpu"] == _spread(4.0)
     assert level["floor"]["messages_per_s"]["median"] == 2000
 
