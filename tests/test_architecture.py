@@ -203,3 +203,17 @@ def test_a_long_module_names_its_concept_first() -> None:
         if not docstring.strip().splitlines()[:1]:
             unnamed.append(str(path.relative_to(ROOT)))
     assert unnamed == []
+
+
+def test_span_helpers_are_called_through_the_module() -> None:
+    # spans.install rebinds the helpers to the live recorder's methods: a helper
+    # imported by name keeps whatever was installed at the import (the no-op).
+    rebound = {"span", "start", "capture", "resume", "detached", "traceparent", "log_ids"}
+    found = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for folder in ("bot", "agents", "tests", "bench")
+        for path in _modules(folder)
+        for module, name in _imported(path)
+        if module == "bot.tracing.spans" and name in rebound
+    ]
+    assert found == []
