@@ -19,17 +19,20 @@ At most ``MAX_CONCURRENT_TURNS`` messages are between tx 1 and the send, as
 in the gateway. Tables and indexes have the shapes of the project's.
 
 The pipeline is ``bench.pipeline.measure_level``. Every measurement runs in a
-fresh interpreter; each level runs floor and pipeline alternating (the
-order swaps every round) for ``ROUNDS`` rounds, and every ratio is taken
-within a round, so the machine's mood of the moment cancels out. The median
-of the rounds is reported, with min and max.
+fresh interpreter; each level runs floor and pipeline alternating (the order
+swaps every round) for ``ROUNDS`` rounds, for the absolute figures, CPU, p99 and
+COMMITs, whose ratios are taken within a round. The msg/s ratios come from a
+round run interleaved after them (``bench.interleave``: the contenders started
+together and run in turn in 0.2 s slices), because on a shared machine the rate
+of runs one after another drifts by more than the differences looked for. The
+median of the rounds is reported, with min and max.
 
 ``python -m bench.floor`` runs it; ``--child floor|pipeline N --dir D`` is
-one measurement (prints JSON). ``--base REV`` (or ``BENCH_FLOOR_BASE``) adds a
-third run to every round: the pipeline of commit ``REV`` (its ``bot/`` and
-``bench/``, extracted with ``git archive``), as that commit measured itself,
-so "does the pipeline regress against REV" is answered within each round
-(``pipeline ÷ base``, and each one's ratio to the same floor run).
+one measurement (prints JSON). ``--base REV`` (or ``BENCH_FLOOR_BASE``) adds the
+pipeline of commit ``REV`` (its ``bot/`` and ``bench/``, extracted with ``git
+archive``) to every interleaved round, so "does the pipeline regress against
+REV" is answered within each round (``pipeline ÷ base``, and each one's ratio to
+the same floor).
 """
 
 from __future__ import annotations

@@ -143,8 +143,8 @@ def main(argv: list[str]) -> int:
         target=_read_ahead, args=(sys.stdin.buffer, ahead), name="read", daemon=True
     )
     reader.start()
-    kind, endpoint, service = argv[1:4]
-    batch = max(int(argv[4]), 1) if len(argv) > 4 else 512
+    kind, endpoint, service, batch_size = argv[1:5]
+    batch = max(int(batch_size), 1)
     exporter: SpanExporter
     if kind == "console":
         exporter = ConsoleSpanExporter()

@@ -56,6 +56,18 @@ root); trace flags; kind (``KINDS``); start and end (ns since the epoch); attrib
 each); failed (status ERROR). Items past ``RECORD_FIELDS`` are the recorder's own;
 the first ``RECORD_FIELDS``, as a plain list, cross to the exporter (``marshal``)."""
 RECORD_FIELDS: Final = 12
+"""How many items of a ``Record`` are the span's (past them: the recorder's own)."""
+
+# Where a span (``_Span``, a list) keeps what it holds: the record's items, then its own.
+_TRACE_ID: Final = 1
+_SPAN_ID: Final = 2
+_FLAGS: Final = 4
+_END: Final = 7
+_ATTRIBUTES: Final = 8
+_EVENTS: Final = 10
+_FAILED: Final = 11
+_SINK: Final = 12
+_TOKEN: Final = 13
 
 
 class SpanContext(NamedTuple):
@@ -141,29 +153,29 @@ class _Span(list):  # type: ignore[type-arg]
     __slots__ = ()
 
     def set(self, key: str, value: AttributeValue) -> None:
-        self[8][key] = value
+        self[_ATTRIBUTES][key] = value
 
     def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
-        if self[12] is None:
+        if self[_SINK] is None:
             return
-        if not self[10]:
-            self[10] = []
-        self[10].append((name, time_ns(), dict(attributes) if attributes else {}))
+        if not self[_EVENTS]:
+            self[_EVENTS] = []
+        self[_EVENTS].append((name, time_ns(), dict(attributes) if attributes else {}))
 
     def fail(self, error_type: str) -> None:
-        self[8]["error.type"] = error_type
-        self[11] = True
+        self[_ATTRIBUTES]["error.type"] = error_type
+        self[_FAILED] = True
 
     def end(self) -> None:
-        if self[7]:
+        if self[_END]:
             return
-        self[7] = time_ns()
-        sink = self[12]
+        self[_END] = time_ns()
+        sink = self[_SINK]
         if sink is not None:
             sink(self)
 
     def __enter__(self) -> SpanHandle:
-        self[13] = _CURRENT.set(self)
+        self[_TOKEN] = _CURRENT.set(self)
         return self
 
     def __exit__(
@@ -172,21 +184,16 @@ class _Span(list):  # type: ignore[type-arg]
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        token = self[13]
-        self[13] = None  # the token holds the context holding this span: no cycle left
+        token = self[_TOKEN]
+        self[_TOKEN] = None  # the token holds the context holding this span: no cycle left
         try:
             _CURRENT.reset(token)
         except ValueError:  # left in another context
             _restore(token)
         if kind is not None:
             # The class only: an exception's message may quote content.
-            self[8]["error.type"] = kind.__name__
-            self[11] = True
-        if not self[7]:  # end(), inline: this runs for every span
-            self[7] = time_ns()
-            sink = self[12]
-            if sink is not None:
-                sink(self)
+            self.fail(kind.__name__)
+        self.end()
 
 
 _CURRENT: ContextVar[_Span | None] = ContextVar("chatflow_span", default=None)
@@ -258,10 +265,10 @@ class Recorder:
             sampled = self._every or self._sampler.keeps(trace_id)
             parent_id = 0
         else:
-            trace_id = up[1]
-            parent_id = up[2]
+            trace_id = up[_TRACE_ID]
+            parent_id = up[_SPAN_ID]
             if self._sampler.parent_based:
-                sampled = up[4] & _SAMPLED
+                sampled = up[_FLAGS] & _SAMPLED
             else:
                 sampled = self._sampler.keeps(trace_id)
         links: tuple[tuple[int, int, int], ...] = ()
@@ -309,10 +316,10 @@ class Recorder:
         current = _CURRENT.get()
         if current is None:
             return None
-        return f"00-{current[1]:032x}-{current[2]:016x}-{current[4]:02x}"
+        return f"00-{current[_TRACE_ID]:032x}-{current[_SPAN_ID]:016x}-{current[_FLAGS]:02x}"
 
     def log_ids(self) -> tuple[str, str] | None:
         current = _CURRENT.get()
         if current is None:
             return None
-        return f"{current[1]:032x}", f"{current[2]:016x}"
+        return f"{current[_TRACE_ID]:032x}", f"{current[_SPAN_ID]:016x}"

@@ -75,43 +75,6 @@ class Carried(Protocol):
     """A span's context carried to another task (``capture`` / ``resume``)."""
 
 
-class Backend(Protocol):
-    """The live tracer ``bot.tracing.recorder.Recorder`` implements: ``install`` makes its
-    methods this module's helpers, which have their signatures."""
-
-    capture_content: bool
-
-    def span(
-        self,
-        name: str,
-        attributes: Mapping[str, AttributeValue] | None = None,
-        *,
-        kind: Kind = "internal",
-        parent: Carried | None = None,
-        link: str | None = None,
-        root: bool = False,
-    ) -> AbstractContextManager[SpanHandle]: ...
-
-    def start(
-        self,
-        name: str,
-        attributes: Mapping[str, AttributeValue] | None = None,
-        *,
-        parent: Carried | None = None,
-        start_ns: int | None = None,
-    ) -> SpanHandle: ...
-
-    def capture(self) -> Carried | None: ...
-
-    def resume(self, carried: Carried | None) -> AbstractContextManager[object]: ...
-
-    def detached(self) -> AbstractContextManager[object]: ...
-
-    def traceparent(self) -> str | None: ...
-
-    def log_ids(self) -> tuple[str, str] | None: ...
-
-
 class _SpanFunction(Protocol):
     def __call__(
         self,
@@ -134,6 +97,29 @@ class _StartFunction(Protocol):
         parent: Carried | None = None,
         start_ns: int | None = None,
     ) -> SpanHandle: ...
+
+
+class Backend(Protocol):
+    """The live tracer ``bot.tracing.recorder.Recorder`` implements: ``install`` makes its
+    methods this module's helpers, which have their signatures."""
+
+    capture_content: bool
+
+    @property
+    def span(self) -> _SpanFunction: ...
+
+    @property
+    def start(self) -> _StartFunction: ...
+
+    def capture(self) -> Carried | None: ...
+
+    def resume(self, carried: Carried | None) -> AbstractContextManager[object]: ...
+
+    def detached(self) -> AbstractContextManager[object]: ...
+
+    def traceparent(self) -> str | None: ...
+
+    def log_ids(self) -> tuple[str, str] | None: ...
 
 
 class _NoSpan:
@@ -181,25 +167,11 @@ def enabled() -> bool:
     return _backend is not None
 
 
-def _no_span(
-    name: str,
-    attributes: Mapping[str, AttributeValue] | None = None,
-    *,
-    kind: Kind = "internal",
-    parent: Carried | None = None,
-    link: str | None = None,
-    root: bool = False,
-) -> AbstractContextManager[SpanHandle]:
+def _no_span(*args: object, **kwargs: object) -> AbstractContextManager[SpanHandle]:
     return _NO_SPAN_CONTEXT
 
 
-def _no_start(
-    name: str,
-    attributes: Mapping[str, AttributeValue] | None = None,
-    *,
-    parent: Carried | None = None,
-    start_ns: int | None = None,
-) -> SpanHandle:
+def _no_start(*args: object, **kwargs: object) -> SpanHandle:
     return NO_SPAN
 
 
