@@ -127,6 +127,7 @@ class Gateway:
         )
         self.aliases = ChatAliases(store)
         self._adapters = {a.name: a for a in adapters}
+        self._receipts: dict[str, str] = {}  # platform: how it delivers ("webhook"/"poll")
         media = build_media_fetcher(settings)
         self.voice = build_voice_replies(
             ModelSettings.from_settings(settings),
@@ -531,10 +532,14 @@ class Gateway:
         conversation as a hash."""
         if not spans.enabled():
             return {}
-        adapter = self._adapters.get(event.platform)
+        receipt = self._receipts.get(event.platform)
+        if receipt is None:  # once a platform: an adapter's routes() builds its routes
+            adapter = self._adapters.get(event.platform)
+            receipt = "webhook" if adapter is not None and adapter.routes() else "poll"
+            self._receipts[event.platform] = receipt
         return {
             names.PLATFORM: event.platform,
-            "chatflow.receipt": "webhook" if adapter is not None and adapter.routes() else "poll",
+            "chatflow.receipt": receipt,
             names.CONVERSATION_ID: spans.conversation_id(session_key),
         }
 
