@@ -17,7 +17,10 @@ session between transactions (PgBouncer's transaction pooling works).
   rise in the order they were drawn), and polls with backoff and jitter (no
   ``LISTEN``, which needs a session) by one statement that takes the lease
   only when no live ticket older than its own is queued for the session, and
-  deletes the ticket in the same statement. A waiter that gives up (cancelled, failed)
+  deletes the ticket in the same statement. So turns are served in the order they
+  reach the database: a process's next turn of a session gets there when the one
+  before it ends (only the head of the in-process queue takes or draws), never
+  ahead of a ticket already drawn. A waiter that gives up (cancelled, failed)
   deletes its ticket. Tickets live as leases do: renewed with them, dead after
   ``lease_seconds`` unrenewed, swept at once by a takeover of their instance.
 - **Renew**: every third of the lease one ``UPDATE`` pushes back the expiry of
