@@ -67,6 +67,26 @@ def test_always_off_records_nothing_but_still_propagates(recorded: list[Record])
     assert recorded == []
 
 
+def test_a_span_of_a_trace_not_sampled_makes_nothing_and_keeps_its_parent(
+    recorded: list[Record],
+) -> None:
+    sampler = sampler_from({"OTEL_TRACES_SAMPLER": "parentbased_always_off"})
+    spans.install(Recorder(recorded.append, sampler))
+    with spans.span("chatflow.receive", root=True):
+        parent = spans.traceparent()
+        with spans.span("chatflow.tx1") as child:
+            child.set("n", 1)
+            child.event("e")
+            assert spans.traceparent() == parent  # the trace goes on, flagged not sampled
+            inner = spans.start("chatflow.queue")
+            inner.end()
+        with pytest.raises(KeyError), spans.span("chatflow.tx2"):
+            raise KeyError("an error inside still leaves the block")
+        assert spans.traceparent() == parent
+    assert spans.traceparent() is None
+    assert recorded == []
+
+
 def test_an_unknown_sampler_samples_everything(recorded: list[Record]) -> None:
     spans.install(Recorder(recorded.append, sampler_from({"OTEL_TRACES_SAMPLER": "jaeger_remote"})))
     with spans.span("a"):
