@@ -28,6 +28,14 @@ def _record(name: str, trace_id: int = 0x1234, span_id: int = 0x42) -> Record:
     return (name, trace_id, span_id, 0, 1, 0, 1_000, 2_000, {"n": 1}, (), (), False)
 
 
+def _held_exporter(otlp: FakeOtlpServer, *, queue: int, batch: int) -> ChildExporter:
+    """An exporter to ``otlp`` whose sender wakes for a full frame or the shutdown only."""
+    settings = {"OTEL_BSP_MAX_QUEUE_SIZE": str(queue), "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": str(batch)}
+    return ChildExporter(
+        "otlp", f"{otlp.endpoint}/v1/traces", "unit", {**ENV, **settings}, flush_seconds=3600
+    )
+
+
 @pytest.fixture
 def recorded() -> Iterator[list[Record]]:
     kept: list[Record] = []
@@ -122,13 +130,8 @@ async def test_the_child_runs_below_the_bots_priority() -> None:
 
 async def test_a_full_queue_drops_and_counts_and_never_waits() -> None:
     async with FakeOtlpServer() as otlp:
-        exporter = ChildExporter(
-            "otlp",
-            f"{otlp.endpoint}/v1/traces",
-            "unit",
-            {**ENV, "OTEL_BSP_MAX_QUEUE_SIZE": "4", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4"},
-            flush_seconds=3600,  # the sender only wakes for the shutdown
-        )
+        # The sender only wakes for the shutdown.
+        exporter = _held_exporter(otlp, queue=4, batch=4)
         for n in range(10):
             exporter.submit(_record(f"s{n}", span_id=n + 1))
         assert exporter.dropped == 6
@@ -213,13 +216,8 @@ async def test_a_frame_is_exported_in_batches_of_the_export_batch_size() -> None
     # takes the bot's GIL); the exporter process still posts OTEL_BSP_MAX_EXPORT_BATCH_SIZE
     # spans at most an export, as the SDK's batch processor does.
     async with FakeOtlpServer() as otlp:
-        exporter = ChildExporter(
-            "otlp",
-            f"{otlp.endpoint}/v1/traces",
-            "unit",
-            {**ENV, "OTEL_BSP_MAX_QUEUE_SIZE": "16", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "3"},
-            flush_seconds=3600,  # only a full frame (8) or the shutdown sends
-        )
+        # Only a full frame (8) or the shutdown sends.
+        exporter = _held_exporter(otlp, queue=16, batch=3)
         for n in range(8):
             exporter.submit(_record(f"s{n}", span_id=n + 1))
         got = await otlp.wait_for(lambda s: len(s) == 8, within=30)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from bot.tracing import names, spans
@@ -42,7 +42,7 @@ def agent_span(
     """The ``invoke_agent {agent}`` span of a turn; its conversation is the session key
     in ``metadata`` (the gateway's), else the session id."""
     if not spans.enabled():
-        return nullcontext(spans.NO_SPAN)  # no hash, no attributes
+        return spans.NO_SPAN  # no hash, no attributes
     key = str((metadata or {}).get("session_key") or session_id)
     return spans.span(f"invoke_agent {agent}", agent_attributes(agent, key))
 

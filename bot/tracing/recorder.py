@@ -24,7 +24,7 @@ from time import time_ns
 from types import TracebackType
 from typing import Any, Final, NamedTuple, cast
 
-from bot.tracing.spans import AttributeValue, Carried, Kind, SpanHandle
+from bot.tracing.spans import NO_SPAN, AttributeValue, Carried, Kind, SpanHandle, _NoSpan
 
 __all__ = [
     "EVERY_TRACE",
@@ -196,35 +196,6 @@ class _Span(list):  # type: ignore[type-arg]
         self.end()
 
 
-class _Quiet:
-    """A span of a trace that is not sampled: nothing will be recorded, so nothing is
-    made. Its parent stays the current span (the trace's ``traceparent`` goes on with
-    the parent's ids and the sampled flag off, which is all a later hop reads), and
-    every method does nothing: tracing on at 10 % costs little more than a root span
-    for nine messages in ten."""
-
-    __slots__ = ()
-
-    def set(self, key: str, value: AttributeValue) -> None:
-        return None
-
-    def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
-        return None
-
-    def fail(self, error_type: str) -> None:
-        return None
-
-    def end(self) -> None:
-        return None
-
-    def __enter__(self) -> SpanHandle:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        return None
-
-
-_QUIET: Final = _Quiet()
 _CURRENT: ContextVar[_Span | None] = ContextVar("chatflow_span", default=None)
 _NOTHING: AbstractContextManager[object] = nullcontext(None)
 
@@ -287,7 +258,7 @@ class Recorder:
         link: str | None = None,
         root: bool = False,
         start_ns: int | None = None,
-    ) -> _Span | _Quiet:
+    ) -> _Span | _NoSpan:
         up: _Span | None = None if root else (parent or _CURRENT.get())  # type: ignore[assignment]
         if up is None:
             trace_id = getrandbits(128) or 1
@@ -299,7 +270,10 @@ class Recorder:
             if self._sampler.parent_based:
                 sampled = up[_FLAGS] & _SAMPLED
                 if not sampled:
-                    return _QUIET
+                    # Nothing will be recorded, so nothing is made: the parent stays
+                    # current (its traceparent, sampled flag off, is all a later hop
+                    # reads), and a trace not sampled costs little more than its root.
+                    return NO_SPAN
             else:
                 sampled = self._sampler.keeps(trace_id)
         links: tuple[tuple[int, int, int], ...] = ()

@@ -23,7 +23,7 @@ import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 __all__ = [
     "NO_SPAN",
@@ -123,6 +123,8 @@ class Backend(Protocol):
 
 
 class _NoSpan:
+    """A span that records nothing, and its own ``with`` block (which changes nothing)."""
+
     __slots__ = ()
 
     def set(self, key: str, value: AttributeValue) -> None:
@@ -137,10 +139,16 @@ class _NoSpan:
     def end(self) -> None:
         return None
 
+    def __enter__(self) -> SpanHandle:
+        return self
 
-NO_SPAN: SpanHandle = _NoSpan()
-"""A span that records nothing (for code that takes a span while tracing is off)."""
-_NO_SPAN_CONTEXT: AbstractContextManager[SpanHandle] = nullcontext(NO_SPAN)
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+NO_SPAN: Final = _NoSpan()
+"""A span that records nothing: what ``span`` and ``start`` give while tracing is off,
+and the recorder for a span of a trace that is not sampled."""
 _NOTHING: AbstractContextManager[object] = nullcontext(None)
 _backend: Backend | None = None
 
@@ -168,7 +176,7 @@ def enabled() -> bool:
 
 
 def _no_span(*args: object, **kwargs: object) -> AbstractContextManager[SpanHandle]:
-    return _NO_SPAN_CONTEXT
+    return NO_SPAN
 
 
 def _no_start(*args: object, **kwargs: object) -> SpanHandle:

@@ -4,10 +4,13 @@ that asked, each send's outcome, and the media step."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 from bot import Agent, Runner, tool
 from bot.config import Settings
@@ -19,7 +22,7 @@ from bot.gateway.contract import MediaAttachment
 from bot.gateway.gateway import Gateway
 from bot.tracing import spans
 from bot.tracing.recorder import parse_traceparent
-from tests.fakes.adapter import make_event, transient
+from tests.fakes.adapter import FakeAdapter, make_event, transient
 from tests.fakes.button_adapter import ButtonAdapter
 from tests.fakes.media_files import ogg_opus_bytes, pdf_bytes
 from tests.fakes.tracing import Recorded, recording_spans
@@ -196,3 +199,30 @@ async def test_a_reply_queued_in_a_lane_started_inside_a_message_trace_gets_its_
     assert [(ln.context.trace_id, ln.context.span_id) for ln in send.links] == [
         (linked.trace_id, linked.span_id)
     ]
+
+
+@dataclass
+class WebhookAdapter(FakeAdapter):
+    """A fake platform that delivers by webhook: it has a route to mount."""
+
+    routes_built: int = 0
+
+    def routes(self) -> Sequence[BaseRoute]:
+        self.routes_built += 1
+        return [Route("/webhooks/fake", lambda request: Response(), methods=["POST"])]
+
+
+async def test_the_receive_span_says_webhook_or_poll_and_asks_the_adapter_once(
+    rigs: Callable[..., object],
+) -> None:
+    adapter = WebhookAdapter()
+    rig: Rig = await rigs(adapter=adapter)  # type: ignore[misc]
+    built = adapter.routes_built  # the server mounted them at start
+    with recording_spans() as recorded:
+        for n in range(3):
+            rig.model.add(ScriptedModel.reply("ok"))
+            assert await adapter.deliver(make_event("hi", message_id=f"m-{n}"))
+        assert await rig.gateway._dispatcher.drain(5)
+    receipts = recorded.named("chatflow.receive")
+    assert [(r.attributes or {})["chatflow.receipt"] for r in receipts] == ["webhook"] * 3
+    assert adapter.routes_built - built <= 1  # not rebuilt for every message
