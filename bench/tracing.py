@@ -55,6 +55,9 @@ TARGET = 0.95
 
 
 class _Receiver(BaseHTTPRequestHandler):
+    # Keep-alive, as collectors answer (HTTP/1.0 made the exporter connect, and this
+    # receiver start a thread, for every export: twice the CPU of a post on each side).
+    protocol_version = "HTTP/1.1"
     spans = 0
     exports = 0
     lock = threading.Lock()

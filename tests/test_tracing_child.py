@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
+import urllib.request
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -15,7 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
 
-from bot.tracing.child import Encoder, export, poster, readable
+from bot.tracing.child import Encoder, _session, export, poster, readable
 
 RESOURCE = Resource.create({"service.name": "unit", "deployment.environment": "test"})
 
@@ -65,6 +67,19 @@ def test_the_encoding_is_the_official_encoders_byte_for_byte(
     records: list[tuple[Any, ...]],
 ) -> None:
     assert Encoder(RESOURCE).encode(records) == _official(records)
+    # One encoder for every example, as the exporter keeps it: what it keeps encoded
+    # (attribute pairs, names) never stands for another value (True for 1, say).
+    assert _SHARED.encode(records) == _official(records)
+
+
+_SHARED = Encoder(RESOURCE)
+
+
+def test_kept_pairs_tell_equal_values_of_other_types_apart() -> None:
+    encoder = Encoder(RESOURCE)
+    for value in (1, True, 1.0, 0, False, 0.0, -0.0, "1", ("1",), (1,), (True,), ("a", "b")):
+        record = ("s", 1, 2, 0, 1, 0, 1, 2, {"k": value}, (), (("e", 3, {"k": value}),), False)
+        assert encoder.encode([record]) == _official([record]), value
 
 
 def test_a_value_of_another_type_leaves_the_batch_to_the_official_encoder() -> None:
@@ -129,3 +144,35 @@ def test_a_batch_the_encoder_leaves_goes_through_the_official_encoder() -> None:
     frame[0][8]["big"] = 1 << 70  # int64 cannot hold it: the official encoder logs and skips it
     export([frame], exporter, RESOURCE, 2)
     assert len(posted.bodies) == 1  # posted all the same, by the exporter's export
+
+
+def test_the_session_reads_the_proxy_settings_once_and_keeps_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    reads: list[str] = []
+    original = urllib.request.getproxies_environment
+
+    def counted() -> dict[str, str]:
+        reads.append("environment")
+        return original()
+
+    monkeypatch.setattr(urllib.request, "getproxies_environment", counted)
+    session = _session()
+    assert session is not None
+    url = "https://collector.example/v1/traces"
+    first = session.merge_environment_settings(url, {}, None, None, None)
+    seen = len(reads)
+    second = session.merge_environment_settings(url, {}, None, None, None)
+    assert first["proxies"]["https"] == "http://proxy.internal:3128"  # the operator's proxy
+    assert second == first and len(reads) == seen > 0  # not read again for that URL
+    second["proxies"]["https"] = "changed by a caller"
+    third = session.merge_environment_settings(url, {}, None, None, None)
+    assert third["proxies"]["https"] == "http://proxy.internal:3128"  # kept apart from callers
+
+
+def test_a_credential_provider_makes_its_own_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER", "gcp")
+    assert _session() is None  # the exporter loads the provider's, as it would without us
