@@ -199,6 +199,10 @@ def _any(value: Any) -> bytes:
     raise _Unsupported(kind.__name__)
 
 
+def _all_str(items: tuple[Any, ...]) -> bool:
+    return all(type(item) is str for item in items)
+
+
 def _pair(tag: bytes, key: str, value: Any) -> bytes:
     return _field(tag, _field(_KEY, key.encode()) + _field(_VALUE, _any(value)))
 
@@ -234,8 +238,8 @@ class Encoder:
     def encode(self, records: Sequence[Sequence[Any]]) -> bytes | None:
         try:
             spans = b"".join([self._span(record) for record in records])
-        except (_Unsupported, ValueError, TypeError, OverflowError):
-            return None
+        except (_Unsupported, ValueError, TypeError, OverflowError, AttributeError, struct.error):
+            return None  # (a value no span attribute holds, a time beyond 64 bits)
         scope = self._scope_head + spans + self._scope_tail
         resource = self._resource_head + _field(b"\x12", scope) + self._resource_tail
         return _field(b"\x0a", resource)  # ExportTraceServiceRequest.resource_spans
@@ -245,11 +249,9 @@ class Encoder:
         out = []
         for key, value in attributes.items():
             kind = type(value)
-            # A float is never kept (-0.0 equals 0.0), nor a tuple holding one that is
-            # not a str (("1",) is kept apart from (1,) only if it is all str).
-            if kind is tuple and not all(type(item) is str for item in value):
-                kind = float
-            if kind is float:
+            # Never kept: a float (-0.0 equals 0.0), a list, or a tuple holding anything
+            # but str ((1,) equals (True,); ("1",) is kept apart from (1,) by its items).
+            if kind is float or kind is list or (kind is tuple and not _all_str(value)):
                 out.append(_pair(tag, key, value))
                 continue
             cached = pairs.get((key, kind, value))
