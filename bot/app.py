@@ -28,6 +28,7 @@ from bot.gateway.instances import InstanceRegistry
 from bot.gateway.keys import load_or_create_secret, load_or_create_shared_secret
 from bot.heap import settle_after_start
 from bot.knowledge_cli import knowledge_settings_from
+from bot.logs import writes_json
 from bot.metrics import Metrics
 from bot.server import HttpServer, build_app, listen_socket
 from bot.tracing.setup import configure as configure_tracing
@@ -168,7 +169,7 @@ class Bot:
         # First: a busy port is said before the banner and before any input is read.
         sock = listen_socket(settings.http_host, settings.http_port) if self.serve_http else None
         # OTEL_* switches tracing on (off: nothing of OpenTelemetry is even imported).
-        tracing = configure_tracing()
+        tracing = configure_tracing(json_logs=writes_json(settings.log_format))
         try:
             await self._run(sock)
         finally:

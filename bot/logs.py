@@ -11,7 +11,7 @@ from typing import Literal
 
 from bot.tracing import spans
 
-__all__ = ["JsonFormatter", "configure_logging", "log_ref", "quiet_console_logs"]
+__all__ = ["JsonFormatter", "configure_logging", "log_ref", "quiet_console_logs", "writes_json"]
 
 # httpx logs every request URL at INFO, and Telegram URLs carry the bot token.
 _QUIET = (
@@ -53,9 +53,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, ensure_ascii=False)
 
 
+def writes_json(fmt: Literal["auto", "text", "json"] = "auto") -> bool:
+    """Whether logs go out as JSON lines: asked for, or ``auto`` with no terminal on stderr."""
+    return fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+
+
 def configure_logging(level: str = "INFO", fmt: Literal["auto", "text", "json"] = "auto") -> None:
     """Configure the root logger once for the process."""
-    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    use_json = writes_json(fmt)
     handler = logging.StreamHandler(sys.stderr)
     if use_json:
         handler.setFormatter(JsonFormatter())

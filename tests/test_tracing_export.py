@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import os
+import re
 import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -240,3 +244,50 @@ def test_the_helpers_are_the_recorders_own_while_it_is_installed(
         assert handle is spans.NO_SPAN
         assert spans.traceparent() is None and spans.capture() is None
     assert [r[0] for r in recorded] == ["a"]
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    """A collector that refuses every export (400): the exporter logs it."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.send_response(400)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("json_logs", [True, False])
+async def test_the_exporters_log_lines_are_written_as_the_bots(
+    json_logs: bool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        exporter = ChildExporter(
+            "otlp",
+            f"http://127.0.0.1:{server.server_address[1]}/v1/traces",
+            "unit",
+            ENV,
+            json_logs=json_logs,
+        )
+        secret = ("s", 1, 2, 0, 1, 0, 1, 2, {"chatflow.note": "call +15550001234"}, (), (), False)
+        exporter.submit(secret)
+        assert await asyncio.to_thread(exporter.shutdown, 30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert lines, "the refusal was logged"
+    for line in lines:
+        assert "+15550001234" not in line  # a span's content never reaches a log line
+        if json_logs:
+            record = json.loads(line)
+            assert record["level"] in {"WARNING", "ERROR"}
+            assert record["logger"].startswith("opentelemetry")
+            assert "400" in record["message"]
+        else:
+            assert re.match(r"\d\d:\d\d:\d\d (WARNING|ERROR) +opentelemetry\S*: ", line), line

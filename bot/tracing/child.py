@@ -1,11 +1,13 @@
 """The exporter process: spans from the bot encoded as OTLP and exported over OTLP/HTTP.
 
 Run by ``bot.tracing.export`` as ``python -P .../child.py EXPORTER ENDPOINT SERVICE
-BATCH`` (as a script, so it imports none of the bot: only the standard library and
-OpenTelemetry). It reads frames from its stdin (a 4-byte little-endian length,
-then a ``marshal``-ed list of ``bot.tracing.recorder.Record`` lists) and exports
-each frame in batches of at most BATCH spans (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``)
-with the official OTLP/HTTP exporter, configured by ``OTEL_EXPORTER_OTLP_*``
+BATCH LOGS`` (as a script, so it imports none of the bot: only the standard library
+and OpenTelemetry; ``LOGS``, ``json`` or ``text``, is how the bot writes its log
+lines, and so how this process writes its own on the stderr they share). It reads
+frames from its stdin (a 4-byte little-endian length, then a ``marshal``-ed list
+of ``bot.tracing.recorder.Record`` lists) and exports each frame in batches of at
+most BATCH spans (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``) with the official OTLP/HTTP
+exporter, configured by ``OTEL_EXPORTER_OTLP_*``
 (or the console's). ``Encoder`` writes a batch as the official encoder would,
 byte for byte, at a fraction of its CPU, and the exporter's own transport posts it
 (endpoint, headers, compression, timeout, retries); an exporter without that
@@ -24,6 +26,8 @@ exports them in order, and catches up when the bot is idle.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import marshal
 import os
 import queue
@@ -32,6 +36,7 @@ import struct
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import IO, Any
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -407,8 +412,39 @@ def export(
                 exporter.export([readable(record, resource) for record in chunk])
 
 
+class _JsonLines(logging.Formatter):
+    """A log record as the bot's JSON lines have it (``bot.logs.JsonFormatter``: time,
+    level, logger, message), so the exporter's lines join the bot's on the same stderr."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, str] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def _log_to_stderr(form: str) -> None:
+    """Warnings and worse (a collector refusing an export) on stderr, which the bot's
+    process shares: JSON lines where the bot writes JSON, else its text lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _JsonLines()
+        if form == "json"
+        else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+
+
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _log_to_stderr(argv[5] if len(argv) > 5 else "text")
     # Reading starts first: the pipe drains while OpenTelemetry is still importing.
     # Payloads wait as bytes (about 180 a span), made into records when exported.
     ahead: queue.Queue[bytes | None] = queue.Queue(BACKLOG)

@@ -79,6 +79,7 @@ class ChildExporter:
         env: Mapping[str, str],
         *,
         flush_seconds: float | None = None,
+        json_logs: bool = False,
         python: str = sys.executable,
     ) -> None:
         self.dropped = 0
@@ -94,7 +95,16 @@ class ChildExporter:
         self._dead = False
         # -P: the script's folder (bot/tracing) must not shadow the standard library.
         self._process = subprocess.Popen(
-            [python, "-P", str(CHILD), exporter, endpoint or "", service_name, str(batch)],
+            [
+                python,
+                "-P",
+                str(CHILD),
+                exporter,
+                endpoint or "",
+                service_name,
+                str(batch),
+                "json" if json_logs else "text",
+            ],
             stdin=subprocess.PIPE,
             env={**os.environ, **env},
             close_fds=True,

@@ -149,14 +149,18 @@ class Tracing:
     """Tracing on: the recorder installed, the exporter process running behind it;
     ``shutdown`` sends what is queued, lets the exporter flush it, and ends it."""
 
-    def __init__(self, chosen: TracingPlan, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, chosen: TracingPlan, env: Mapping[str, str] | None = None, *, json_logs: bool = False
+    ) -> None:
         from bot.tracing.export import ChildExporter
         from bot.tracing.recorder import Recorder, sampler_from
 
         env = environment() if env is None else env
         self.plan = chosen
         assert chosen.exporter is not None
-        self.exporter = ChildExporter(chosen.exporter, chosen.endpoint, chosen.service_name, env)
+        self.exporter = ChildExporter(
+            chosen.exporter, chosen.endpoint, chosen.service_name, env, json_logs=json_logs
+        )
         spans.install(
             Recorder(
                 self.exporter.submit, sampler_from(env), capture_content=chosen.capture_content
@@ -172,8 +176,11 @@ class Tracing:
             logger.warning("tracing did not shut down cleanly: %s", type(exc).__name__)
 
 
-def configure(env: Mapping[str, str] | None = None) -> Tracing | None:
+def configure(env: Mapping[str, str] | None = None, *, json_logs: bool = False) -> Tracing | None:
     """Switch tracing on if the environment asks (``None``: it stays off, nothing imported).
+
+    ``json_logs``: the exporter process writes its log lines (a collector refusing an
+    export, say) as JSON lines, as the bot does, else as the bot's text lines.
 
     With ``env`` omitted, ``OTEL_*`` names from ``.env`` join the process environment,
     where the SDK reads the rest of them (headers, sampler, batch settings).
@@ -187,7 +194,7 @@ def configure(env: Mapping[str, str] | None = None) -> Tracing | None:
     if not chosen.on:
         return None
     try:
-        tracing = Tracing(chosen, env)
+        tracing = Tracing(chosen, env, json_logs=json_logs)
     except OSError as exc:  # the exporter process could not start: the bot runs untraced
         logger.warning("tracing stays off: its exporter did not start (%s)", type(exc).__name__)
         return None
