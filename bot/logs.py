@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import sys
-from datetime import UTC, datetime
 from typing import Literal
 
+from bot.log_lines import JsonLines, text_lines
 from bot.tracing import spans
 
 __all__ = ["JsonFormatter", "configure_logging", "log_ref", "quiet_console_logs", "writes_json"]
@@ -32,25 +31,19 @@ _QUIET = (
 _STANDARD = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and any ``extra`` fields."""
+class JsonFormatter(JsonLines):
+    """One JSON object per line: time, level, logger, message, the current span's ids
+    and any ``extra`` fields."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        payload: dict[str, object] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+    def fields(self, record: logging.LogRecord) -> dict[str, object]:
+        payload = super().fields(record)
         ids = spans.log_ids()  # made inside a span (tracing on): one grep joins them
         if ids is not None:
             payload["trace_id"], payload["span_id"] = ids
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 payload[key] = value if isinstance(value, str | int | float | bool) else repr(value)
-        if record.exc_info:
-            payload["exc"] = self.formatException(record.exc_info)
-        return json.dumps(payload, ensure_ascii=False)
+        return payload
 
 
 def writes_json(fmt: Literal["auto", "text", "json"] = "auto") -> bool:
@@ -65,9 +58,7 @@ def configure_logging(level: str = "INFO", fmt: Literal["auto", "text", "json"] 
     if use_json:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
-        )
+        handler.setFormatter(text_lines())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

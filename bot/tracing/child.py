@@ -26,7 +26,7 @@ exports them in order, and catches up when the bot is idle.
 from __future__ import annotations
 
 import contextlib
-import json
+import importlib.util
 import logging
 import marshal
 import os
@@ -36,8 +36,8 @@ import struct
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
-from typing import IO, Any
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags
@@ -46,6 +46,9 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+if TYPE_CHECKING:
+    import requests
 
 __all__ = [
     "BACKLOG",
@@ -320,7 +323,7 @@ _CREDENTIAL_PROVIDERS = (
 )
 
 
-def _session() -> Any:
+def _session() -> requests.Session | None:
     """The HTTP session for the official exporter: ``requests``' own, reading the
     environment's proxy and CA settings once per URL instead of on every export (a
     third of a post's CPU: this process's environment never changes). ``None`` where a
@@ -412,31 +415,20 @@ def export(
                 exporter.export([readable(record, resource) for record in chunk])
 
 
-class _JsonLines(logging.Formatter):
-    """A log record as the bot's JSON lines have it (``bot.logs.JsonFormatter``: time,
-    level, logger, message), so the exporter's lines join the bot's on the same stderr."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, str] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
+LOG_LINES: Final = Path(__file__).resolve().parent.parent / "log_lines.py"
+"""The bot's log line shapes (``bot.log_lines``), loaded by path: this process imports
+none of the bot's package."""
 
 
 def _log_to_stderr(form: str) -> None:
     """Warnings and worse (a collector refusing an export) on stderr, which the bot's
-    process shares: JSON lines where the bot writes JSON, else its text lines."""
+    process shares, in the bot's own shape: JSON lines where it writes JSON, else text."""
+    spec = importlib.util.spec_from_file_location("chatflow_log_lines", LOG_LINES)
+    assert spec is not None and spec.loader is not None
+    lines = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lines)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        _JsonLines()
-        if form == "json"
-        else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
-    )
+    handler.setFormatter(lines.JsonLines() if form == "json" else lines.text_lines())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
